@@ -1,0 +1,31 @@
+# xworkmate-bridge: the two commands a new machine needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.PHONY: run test agents install lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+## run: install the Python dependencies and start the bridge on 127.0.0.1:8787
+run: install
+	$(BIN)/xworkmate-bridge serve
+
+## agents: install the pinned real agents into the cache outside the work tree (reused when current)
+agents:
+	bash scripts/install-agents.sh
+
+## test: install everything and run every test (inside a loopback-only network namespace when root)
+test: install agents
+	bash scripts/run-tests.sh $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,237 @@
+"""The ``xworkmate-bridge`` command line (docs/api.md "Command line").
+
+Exit codes for ``call`` and ``chat``: 0 success, 1 a JSON-RPC error or a failed turn, 2 a transport
+or configuration error. ``call`` prints one JSON envelope per line; ``chat`` prints the agent's text
+live and then one summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Any, AsyncIterator, Sequence
+
+import anyio
+import orjson
+
+from bridge import __version__
+from bridge.config import BridgeConfig, ConfigError, load_config
+
+DEFAULT_URL = "http://127.0.0.1:8787"
+log = logging.getLogger("xworkmate_bridge")
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _setup_logging(level: str) -> None:
+    from bridge.logs import configure
+
+    configure(level)
+
+
+@contextlib.asynccontextmanager
+async def running_orchestrator(config: BridgeConfig) -> AsyncIterator[Any]:
+    from bridge.methods import build_dispatcher
+    from bridge.wiring import build_orchestrator
+
+    async with build_orchestrator(config) as orch:
+        yield orch, build_dispatcher(orch)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from bridge.auth import check_exposure
+    from bridge.http_app import create_app
+    from bridge.server import run
+
+    overrides = {"host": args.host, "port": args.port}
+    if args.allow_insecure_no_auth:
+        overrides["allowInsecureNoAuth"] = True
+    config = load_config(args.config, overrides)
+    _setup_logging(config.log_level)
+    check_exposure(config)
+    return run(config, lambda: running_orchestrator(config), create_app)
+
+
+def cmd_acp_stdio(args: argparse.Namespace) -> int:
+    from bridge.stdio import serve_stdio
+
+    config = load_config(args.config)
+    _setup_logging(config.log_level)
+
+    async def main() -> None:
+        async with running_orchestrator(config) as (_, dispatcher):
+            await serve_stdio(dispatcher, limits=config.limits)
+
+    anyio.run(main)
+    return 0
+
+
+def _print(obj: Any) -> None:
+    sys.stdout.write(orjson.dumps(obj).decode() + "\n")
+    sys.stdout.flush()
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    from bridge.client import call
+
+    try:
+        params = orjson.loads(args.params) if args.params else {}
+    except orjson.JSONDecodeError as exc:
+        print(f"xworkmate-bridge call: PARAMS_JSON is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(params, dict):
+        print("xworkmate-bridge call: PARAMS_JSON must be a JSON object", file=sys.stderr)
+        return 2
+    reply = anyio.run(lambda: call(args.url, args.method, params, token=args.token,
+                                   on_notification=_print if args.stream else None))  # fmt: skip
+    _print(reply)
+    return 0 if _succeeded(reply) else 1
+
+
+def _succeeded(reply: dict[str, Any]) -> bool:
+    if "error" in reply:
+        return False
+    result = reply.get("result")
+    return not (isinstance(result, dict) and result.get("success") is False)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from bridge.client import call
+
+    params: dict[str, Any] = {"sessionId": f"chat-{uuid.uuid4().hex[:12]}", "taskPrompt": args.prompt}
+    if args.cwd:
+        params["workingDirectory"] = os.path.abspath(args.cwd)
+    if args.provider:
+        params["routing"] = {"routingMode": "explicit", "explicitExecutionTarget": "agent",
+                             "explicitProviderId": args.provider}  # fmt: skip
+    if args.model:
+        params["model"] = args.model
+
+    def show(note: dict[str, Any]) -> None:
+        update = note.get("params") or {}
+        if update.get("type") == "delta":
+            sys.stdout.write(update.get("delta", ""))
+            sys.stdout.flush()
+
+    started = time.monotonic()
+    reply = anyio.run(lambda: call(args.url, "session.start", params, token=args.token, on_notification=show))
+    seconds = time.monotonic() - started
+    sys.stdout.write("\n")
+    if "error" in reply:
+        err = reply["error"]
+        print(f"error {err.get('code')}: {err.get('message')}", file=sys.stderr)
+        return 1
+    result = reply.get("result") or {}
+    summary = (f"[{result.get('status')}] turnId={result.get('turnId')} "
+               f"provider={result.get('resolvedProviderId')} seconds={seconds:.2f}")  # fmt: skip
+    if result.get("status") == "unavailable":
+        summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
+    elif result.get("error"):
+        summary += f" {result['error'].get('code')}: {result['error'].get('message')}"
+    print(summary)
+    return 0 if result.get("success") else 1
+
+
+def cmd_providers(args: argparse.Namespace) -> int:
+    if not args.local:
+        from bridge.client import call
+
+        reply = anyio.run(lambda: call(args.url, "acp.capabilities", {}, token=args.token, timeout=30))
+        if "error" in reply:
+            _print(reply)
+            return 1
+        catalog = reply["result"]["providerCatalog"]
+        summary = {p["providerId"]: p for p in reply["result"]["providerProbeSummary"]}
+    else:
+        config = load_config(args.config)
+
+        async def local() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            from bridge.wiring import build_orchestrator
+
+            orch = build_orchestrator(config)
+            if args.probe:
+                await orch.registry.probe_all()
+            caps = orch.capabilities()
+            await orch.registry.aclose()
+            return caps["providerCatalog"], {p["providerId"]: p for p in caps["providerProbeSummary"]}
+
+        catalog, summary = anyio.run(local)
+    for entry in catalog:
+        status = summary.get(entry["providerId"], {}).get("status", "?")
+        reason = f"  ({entry['unavailableReason']})" if entry.get("unavailableReason") else ""
+        print(f"{entry['providerId']:<12} {entry['label']:<14} {entry['category']:<10} {status}{reason}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xworkmate-bridge", description="JSON-RPC control plane for coding agents")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    url = _env("BRIDGE_URL") or DEFAULT_URL
+    token = _env("BRIDGE_AUTH_TOKEN")
+
+    p = sub.add_parser("serve", help="run the HTTP/WebSocket server")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--config")
+    p.add_argument("--allow-insecure-no-auth", action="store_true",
+                   help="allow listening off loopback with no token (unsafe)")  # fmt: skip
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("acp-stdio", help="serve the same methods over stdin/stdout")
+    p.add_argument("--config")
+    p.set_defaults(func=cmd_acp_stdio)
+
+    p = sub.add_parser("call", help="send one request and print the response")
+    p.add_argument("method")
+    p.add_argument("params", nargs="?")
+    p.add_argument("--url", default=url)
+    p.add_argument("--token", default=token)
+    p.add_argument("--stream", action="store_true", help="also print each notification as it arrives")
+    p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("chat", help="run one turn and print the agent's streamed text")
+    p.add_argument("prompt")
+    p.add_argument("--provider")
+    p.add_argument("--model")
+    p.add_argument("--cwd")
+    p.add_argument("--url", default=url)
+    p.add_argument("--token", default=token)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("providers", help="list providers and their probe status")
+    p.add_argument("--local", action="store_true", help="read the configuration instead of asking the bridge")
+    p.add_argument("--probe", action="store_true", help="with --local: run the full probe (ACP initialize)")
+    p.add_argument("--config")
+    p.add_argument("--url", default=url)
+    p.add_argument("--token", default=token)
+    p.set_defaults(func=cmd_providers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bridge.client import TransportError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"xworkmate-bridge: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    except TransportError as exc:
+        print(f"xworkmate-bridge: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

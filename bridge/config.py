@@ -1,0 +1,166 @@
+"""The bridge's configuration: YAML file, environment overrides, validation with named keys.
+
+Precedence (docs/api.md "Configuration"): command-line flags, then environment variables
+(``BRIDGE_AUTH_TOKEN``, ``ACP_ALLOWED_ORIGINS``, ``BRIDGE_HOST``, ``BRIDGE_PORT``; empty values are
+ignored), then the file (``--config``, else ``BRIDGE_CONFIG_PATH``, else ``./xworkmate-bridge.yaml``
+when present). String values in the file may reference ``${VAR}``; a missing variable is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from compat.settings import Limits, ProviderConfig, Timeouts
+
+DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
+DEFAULT_FILE = "xworkmate-bridge.yaml"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file and the bad key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class NamedToken(_Model):
+    name: str = Field(min_length=1)
+    token: str = Field(min_length=1)
+
+
+class BridgeConfig(_Model):
+    """The whole validated configuration (see docs/api.md for every key)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    auth_tokens: list[NamedToken] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=lambda: list(DEFAULT_ORIGINS))
+    workspace_roots: list[str] = Field(default_factory=list)
+    providers: dict[str, ProviderConfig] | None = None  # None: every preset found on PATH
+    gateway: dict[str, Any] | None = None
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    limits: Limits = Field(default_factory=Limits)
+    ws_ping_interval: float = Field(20.0, gt=0)
+    ws_ping_timeout: float = Field(20.0, gt=0)
+    sse_keepalive: float = Field(15.0, gt=0)
+    log_level: str = "info"
+    allow_insecure_no_auth: bool = False
+
+    @field_validator("auth_tokens", mode="before")
+    @classmethod
+    def _name_tokens(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        named = []
+        for index, item in enumerate(value, start=1):
+            named.append({"name": f"token-{index}", "token": item} if isinstance(item, str) else item)
+        return named
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _empty_entries(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ({} if v is None else v) for k, v in value.items()}
+        return value
+
+    def roots(self) -> list[Path]:
+        """Workspace roots as resolved paths (default: the home and the system temp directory)."""
+        raw = self.workspace_roots or [str(Path.home()), tempfile.gettempdir()]
+        return [Path(os.path.expanduser(r)).resolve() for r in raw]
+
+
+def _expand(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{where}: environment variable ${{{name}}} is not set")
+            return os.environ[name]
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def find_config_file(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    if env_path := _env("BRIDGE_CONFIG_PATH"):
+        return Path(env_path)
+    default = Path(DEFAULT_FILE)
+    return default if default.is_file() else None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return _expand(raw, "")
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors(include_url=False, include_input=False):
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{source}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> BridgeConfig:
+    """Load, merge and validate the configuration.
+
+    Args:
+        path: the ``--config`` flag, if given.
+        overrides: flag values (``host``, ``port``, …) that win over everything else.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, missing ``${VAR}``, or a key that fails validation
+            (the message names each bad key).
+    """
+    file = find_config_file(path)
+    data = _read_file(file) if file else {}
+    if tokens := _env("BRIDGE_AUTH_TOKEN"):
+        data["authTokens"] = _split(tokens)
+    if origins := _env("ACP_ALLOWED_ORIGINS"):
+        data["allowedOrigins"] = _split(origins)
+    if host := _env("BRIDGE_HOST"):
+        data["host"] = host
+    if port := _env("BRIDGE_PORT"):
+        data["port"] = port
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    try:
+        return BridgeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, str(file) if file else "configuration")) from exc

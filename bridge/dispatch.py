@@ -1,0 +1,148 @@
+"""JSON-RPC dispatch shared by every transport (JSON-RPC 2.0 §4-§6; docs/api.md "Precise rules").
+
+A transport hands each frame to ``Dispatcher.serve_frame`` with the frame's ``EnvelopeStream`` and a
+task group it owns. Requests are admitted in the order they are read (array order in a batch): each
+becomes a task, and asyncio starts tasks in creation order, so a handler's synchronous prefix (for
+example, queueing a turn on its session) runs in that order. Then they run concurrently, so a long
+``session.start`` never blocks a ``session.cancel`` on the same socket.
+
+This module is the one place where an exception becomes a wire error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+import anyio
+from anyio.abc import TaskGroup
+from pydantic import ValidationError
+
+from bridge.rpc.codec import Invalid, Reply, Request, parse_frame
+from bridge.rpc.errors import InternalError, InvalidParams, MethodNotFound, RpcError
+from bridge.rpc.redact import redact
+from bridge.rpc.stream import EnvelopeStream
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[str, Any], None]
+
+
+def _discard(method: str, params: Any) -> None:
+    """Notifications on a plain HTTP response have nowhere to go (docs/api.md, POST /acp/rpc)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """Who called, and where this request's notifications go.
+
+    Attributes:
+        principal: the authenticated token's name (``local`` when auth is off).
+        notify: sends a notification on the stream that carries this request's reply; never blocks.
+        connection_id: a label for logs.
+    """
+
+    principal: str = "local"
+    notify: Notify = _discard
+    connection_id: str = "-"
+
+
+Handler = Callable[[dict[str, Any], CallContext], Awaitable[Any]]
+
+
+def validation_error(exc: ValidationError) -> InvalidParams:
+    """A pydantic error as -32602 with the failing field locations and error types."""
+    errors = [
+        {"loc": ".".join(str(p) for p in e["loc"]), "type": e["type"], "msg": e["msg"]}
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+    first = errors[0] if errors else {"loc": "", "msg": "invalid"}
+    where = f"{first['loc']}: " if first["loc"] else ""
+    return InvalidParams(f"Invalid params: {where}{first['msg']}", errors=errors)
+
+
+class Dispatcher:
+    """Maps method names to handlers and runs frames.
+
+    Args:
+        handlers: ``{method: async handler(params, ctx) -> result}``. A handler raises an
+            ``RpcError`` for a request that cannot run, or pydantic's ``ValidationError`` (→ -32602).
+    """
+
+    def __init__(self, handlers: Mapping[str, Handler]) -> None:
+        self._handlers = dict(handlers)
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._handlers)
+
+    async def call(self, request: Request, ctx: CallContext) -> Reply | None:
+        """Run one request; returns its reply, or None for a notification (never answered)."""
+        try:
+            result = await self._invoke(request, ctx)
+        except RpcError as exc:
+            reply = Reply.from_error(request.id, exc)
+        except ValidationError as exc:
+            reply = Reply.from_error(request.id, validation_error(exc))
+        except Exception:  # one place: unexpected failures become -32603 without their text
+            log.exception("method %s failed", request.method)
+            reply = Reply.from_error(request.id, InternalError())
+        else:
+            reply = Reply(request.id, result=result)
+        if request.is_notification:
+            if reply.error is not None:
+                log.info("notification %s failed: %s", request.method, redact(reply.error["message"]))
+            return None
+        return reply
+
+    async def _invoke(self, request: Request, ctx: CallContext) -> Any:
+        handler = self._handlers.get(request.method)
+        if handler is None:
+            raise MethodNotFound(f"Method not found: {request.method[:200]}", method=request.method[:200])
+        params = request.params
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
+            raise InvalidParams("Invalid params: params must be an object")
+        return await handler(params, ctx)
+
+    def serve_frame(self, data: bytes | str, stream: EnvelopeStream, ctx: CallContext, tg: TaskGroup) -> None:
+        """Parse ``data`` and start its requests in ``tg``; replies go to ``stream``.
+
+        Frame-level errors (-32700 not JSON, -32600 empty batch) are answered at once with
+        ``id: null``. A batch's replies are sent as one array once all its requests finished;
+        a batch of only notifications sends nothing.
+        """
+        try:
+            frame = parse_frame(data)
+        except RpcError as exc:
+            stream.reply(Reply.from_error(None, exc))
+            return
+        if frame.is_batch:
+            tg.start_soon(self._run_batch, frame.messages, stream, ctx)
+            return
+        message = frame.messages[0]
+        if isinstance(message, Invalid):
+            stream.reply(Reply.from_error(message.id, message.error))
+        else:
+            tg.start_soon(self._run_single, message, stream, ctx)
+
+    async def _run_single(self, request: Request, stream: EnvelopeStream, ctx: CallContext) -> None:
+        reply = await self.call(request, ctx)
+        if reply is not None:
+            stream.reply(reply)
+
+    async def _run_batch(self, messages: tuple, stream: EnvelopeStream, ctx: CallContext) -> None:
+        replies: list[Reply | None] = [None] * len(messages)
+
+        async def run(index: int, request: Request) -> None:
+            replies[index] = await self.call(request, ctx)
+
+        async with anyio.create_task_group() as batch_tg:
+            for index, message in enumerate(messages):
+                if isinstance(message, Invalid):
+                    replies[index] = Reply.from_error(message.id, message.error)
+                else:
+                    batch_tg.start_soon(run, index, message)
+        stream.batch([r for r in replies if r is not None])

@@ -1,0 +1,76 @@
+"""The method table: JSON-RPC method names → orchestrator operations (docs/api.md "Methods").
+
+Params are validated here with the orchestrator's pydantic models; a validation error becomes
+-32602 in the dispatcher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.dispatch import CallContext, Dispatcher, Handler
+from orchestrator.models import GatewayParams, PermissionParams, ResolveParams, SessionRef, TurnParams
+from orchestrator.service import Orchestrator
+
+METHODS = (
+    "acp.capabilities",
+    "xworkmate.routing.resolve",
+    "session.start",
+    "session.message",
+    "session.cancel",
+    "session.close",
+    "session.permission",
+    "xworkmate.gateway.connect",
+    "xworkmate.gateway.request",
+    "xworkmate.gateway.disconnect",
+)
+
+
+def _gateway_missing() -> dict[str, Any]:
+    return {"code": "GATEWAY_NOT_CONFIGURED", "message": "no OpenClaw gateway is configured on this bridge"}
+
+
+def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
+    """One async handler per method in ``METHODS``."""
+
+    async def capabilities(params: dict[str, Any], ctx: CallContext) -> Any:
+        return orch.capabilities()
+
+    async def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
+        return orch.resolve(ResolveParams.model_validate(params))
+
+    async def start(params: dict[str, Any], ctx: CallContext) -> Any:
+        return await orch.run_turn(TurnParams.model_validate(params), ctx.principal, ctx.notify, start=True)
+
+    async def message(params: dict[str, Any], ctx: CallContext) -> Any:
+        return await orch.run_turn(TurnParams.model_validate(params), ctx.principal, ctx.notify, start=False)
+
+    async def cancel(params: dict[str, Any], ctx: CallContext) -> Any:
+        return orch.cancel(SessionRef.model_validate(params).session_id, ctx.principal)
+
+    async def close(params: dict[str, Any], ctx: CallContext) -> Any:
+        return await orch.close(SessionRef.model_validate(params).session_id, ctx.principal)
+
+    async def permission(params: dict[str, Any], ctx: CallContext) -> Any:
+        return orch.permission(PermissionParams.model_validate(params), ctx.principal)
+
+    async def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
+        GatewayParams.model_validate(params)
+        return {"ok": False, "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
+                "error": _gateway_missing()}  # fmt: skip
+
+    async def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
+        GatewayParams.model_validate(params)
+        return {"ok": False, "payload": None, "error": _gateway_missing()}
+
+    async def gateway_disconnect(params: dict[str, Any], ctx: CallContext) -> Any:
+        GatewayParams.model_validate(params)
+        return {"accepted": True}
+
+    handlers = dict(zip(METHODS, (capabilities, routing_resolve, start, message, cancel, close, permission,
+                                  gateway_connect, gateway_request, gateway_disconnect)))  # fmt: skip
+    return handlers
+
+
+def build_dispatcher(orch: Orchestrator) -> Dispatcher:
+    return Dispatcher(build_handlers(orch))

@@ -1,0 +1,102 @@
+"""The error table: JSON-RPC errors (requests that cannot run) and turn error codes (turns that ran
+and failed). docs/api.md renders both tables; tests check the doc against them.
+
+Every ``RpcError`` carries ``data.code``, a stable upper-case name clients can switch on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RpcError(Exception):
+    """Root of every error that becomes a JSON-RPC error object on the wire.
+
+    Attributes:
+        code: the JSON-RPC error code (e.g. -32602).
+        name: the stable ``data.code`` name (e.g. ``INVALID_PARAMS``).
+        message: human-readable, already redacted.
+        data: extra structured fields merged into ``error.data``.
+    """
+
+    code: int = -32603
+    name: str = "INTERNAL_ERROR"
+    default_message: str = "Internal error"
+
+    def __init__(self, message: str | None = None, **data: Any) -> None:
+        self.message = message or self.default_message
+        self.data = data
+        super().__init__(self.message)
+
+    def to_error(self) -> dict[str, Any]:
+        """The JSON-RPC ``error`` member: ``{code, message, data: {code, …}}``."""
+        return {"code": self.code, "message": self.message, "data": {"code": self.name, **self.data}}
+
+
+class ParseError(RpcError):
+    code, name, default_message = -32700, "PARSE_ERROR", "Parse error"
+
+
+class InvalidRequest(RpcError):
+    code, name, default_message = -32600, "INVALID_REQUEST", "Invalid Request"
+
+
+class MethodNotFound(RpcError):
+    code, name, default_message = -32601, "METHOD_NOT_FOUND", "Method not found"
+
+
+class InvalidParams(RpcError):
+    code, name, default_message = -32602, "INVALID_PARAMS", "Invalid params"
+
+
+class InternalError(RpcError):
+    code, name, default_message = -32603, "INTERNAL_ERROR", "Internal error"
+
+
+class Unauthorized(RpcError):
+    code, name, default_message = -32001, "UNAUTHORIZED", "missing or invalid bearer authorization"
+
+
+class OriginNotAllowed(RpcError):
+    code, name, default_message = -32003, "ORIGIN_NOT_ALLOWED", "origin not allowed"
+
+
+class NotFound(RpcError):
+    code, name, default_message = -32004, "NOT_FOUND", "not found"
+
+
+class SessionBusy(RpcError):
+    code, name, default_message = -32005, "SESSION_BUSY", "session is busy"
+
+
+class LimitReached(RpcError):
+    code, name, default_message = -32006, "LIMIT_REACHED", "limit reached"
+
+
+RPC_ERRORS: tuple[type[RpcError], ...] = (
+    ParseError,
+    InvalidRequest,
+    MethodNotFound,
+    InvalidParams,
+    InternalError,
+    Unauthorized,
+    OriginNotAllowed,
+    NotFound,
+    SessionBusy,
+    LimitReached,
+)
+
+# Codes of turns that ran and failed (a *result* with success:false, error.code = one of these).
+TURN_ERROR_CODES: dict[str, str] = {
+    "AGENT_EXITED": "The agent process exited or closed stdout during the turn.",
+    "AGENT_START_TIMEOUT": "initialize or session/new did not answer within its timeout.",
+    "AGENT_AUTH_REQUIRED": "The agent needs authentication and no usable authMethod is configured.",
+    "AGENT_ERROR": "The agent answered the prompt with a JSON-RPC error.",
+    "AGENT_PROTOCOL_ERROR": "The agent broke the protocol (line over maxAgentLineBytes, bad frames).",
+    "TURN_TIMEOUT": "The turn ran longer than turnTimeout.",
+    "OUTPUT_LIMIT": "The turn's output passed maxOutputBytes; output so far is kept.",
+    "GATEWAY_NOT_CONFIGURED": "The gateway target was chosen but no gateway is configured.",
+    "PROVIDER_UNAVAILABLE": "The provider cannot run (command not found, disabled).",
+    "CANCELLED": "The turn was cancelled by session.cancel or session.close.",
+    "INTERNAL_ERROR": "The bridge failed unexpectedly; see its log.",
+}

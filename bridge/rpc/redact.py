@@ -1,0 +1,58 @@
+"""One redactor for every client-visible error, diagnostic and log line.
+
+It removes bearer tokens, API keys, credentials in URLs, and any secret the bridge registered
+(its own auth tokens, provider ``env`` values). Pure functions, no I/O.
+
+Must not import anything outside the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+_MASK = "[REDACTED]"
+_PATTERNS = (
+    # scheme://user:pass@host → scheme://[REDACTED]@host
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1" + _MASK + "@"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}"), r"\1 " + _MASK),
+    (re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_-]{8,}"), _MASK),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{20,}"), _MASK),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), _MASK),
+    (
+        re.compile(
+            r"(?i)\b([A-Z0-9_]*(?:api[_-]?key|token|secret|password|passwd)[A-Z0-9_]*)"
+            r"(\s*[=:]\s*[\"']?)([^\s\"',;&]{4,})"
+        ),
+        r"\1\2" + _MASK,
+    ),
+)
+
+_secrets: set[str] = set()
+_lock = threading.Lock()
+_secret_re: re.Pattern[str] | None = None
+
+
+def register_secret(value: str | None) -> None:
+    """Add a literal value (min. 4 characters) that must never appear in any output."""
+    global _secret_re
+    if not value or len(value) < 4:
+        return
+    with _lock:
+        if value in _secrets:
+            return
+        _secrets.add(value)
+        ordered = sorted(_secrets, key=len, reverse=True)
+        _secret_re = re.compile("|".join(re.escape(s) for s in ordered))
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every known secret shape replaced by ``[REDACTED]``."""
+    if not text:
+        return text
+    pattern = _secret_re
+    if pattern is not None:
+        text = pattern.sub(_MASK, text)
+    for regex, repl in _PATTERNS:
+        text = regex.sub(repl, text)
+    return text

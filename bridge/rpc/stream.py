@@ -1,0 +1,44 @@
+"""Numbering of the envelopes sent on one stream (docs/api.md "Envelope": ``seq``).
+
+A stream is one WebSocket connection, one HTTP response or one stdio process. ``seq`` is 0 for the
+first envelope and +1 for each after it; a batch reply's elements take consecutive values. The
+number is assigned when the envelope is handed to the sink, so the order of ``seq`` is the order
+of the bytes on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from bridge.rpc.codec import Reply, encode_notification
+
+Sink = Callable[[bytes], None]
+
+
+class EnvelopeStream:
+    """Encodes replies and notifications with consecutive ``seq`` and passes them to ``sink``.
+
+    Args:
+        sink: called with each encoded frame; must not block (transports queue, bounded).
+    """
+
+    __slots__ = ("_sink", "_seq")
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self._seq = 0
+
+    def _next(self) -> int:
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+    def reply(self, reply: Reply) -> None:
+        self._sink(reply.encode(self._next()))
+
+    def batch(self, replies: list[Reply]) -> None:
+        if replies:
+            self._sink(b"[" + b",".join(r.encode(self._next()) for r in replies) + b"]")
+
+    def notify(self, method: str, params: Any) -> None:
+        self._sink(encode_notification(method, params, self._next()))

@@ -1,0 +1,76 @@
+"""Validated params of the session methods (docs/api.md "Methods").
+
+Params a method does not know are ignored (the app sends many: ``mode``, ``provider``,
+``selectedSkills``, ``metadata``, …); ``params: null`` means absent. A validation failure becomes
+-32602 with the field locations (bridge.dispatch.validation_error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class AttachmentParam(_Params):
+    name: str = ""
+    path: str = Field(min_length=1)
+    description: str = ""
+
+
+class SessionRef(_Params):
+    session_id: str = Field(min_length=1)
+
+
+class TurnParams(_Params):
+    """``session.start`` / ``session.message``."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
+
+    session_id: str = Field(min_length=1, max_length=512)
+    thread_id: str | None = Field(None, max_length=512)
+    task_prompt: str = Field(min_length=1)
+    working_directory: str | None = None
+    routing: dict[str, Any] | None = None
+    model: str | None = None
+    attachments: list[AttachmentParam] = Field(default_factory=list, max_length=64)
+
+    @field_validator("task_prompt")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("taskPrompt must not be blank")
+        return value
+
+    @field_validator("thread_id", "working_directory", "model", mode="before")
+    @classmethod
+    def _blank_is_absent(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    def extra_params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ResolveParams(_Params):
+    task_prompt: str = ""
+    working_directory: str | None = None
+    routing: dict[str, Any] | None = None
+    model: str | None = None
+
+
+class PermissionParams(_Params):
+    session_id: str = Field(min_length=1)
+    request_id: str = Field(min_length=1)
+    option_id: str = Field(min_length=1)
+
+
+class GatewayParams(_Params):
+    runtime_id: str = ""
+    method: str = ""
+    params: dict[str, Any] | None = None
+    timeout_ms: float | None = None

@@ -1,0 +1,109 @@
+"""The provider registry: catalog order, enablement and probe status.
+
+Catalog order (docs/api.md ``acp.capabilities``): codex, opencode, gemini, hermes first, then the
+others in configuration order. The cheap probe (does the command resolve?) runs on demand, at most
+every ``probeInterval`` seconds per provider; the full probe (ACP ``initialize``) runs once in the
+background at start and never blocks a call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+
+from compat.base import ProbeResult, ProviderAdapter
+
+log = logging.getLogger(__name__)
+FIRST = ("codex", "opencode", "gemini", "hermes")
+
+
+def catalog_order(ids: list[str]) -> list[str]:
+    first = [i for i in FIRST if i in ids]
+    return first + [i for i in ids if i not in FIRST]
+
+
+class ProviderRegistry:
+    """Holds the configured adapters and their probe results.
+
+    Args:
+        adapters: ``{providerId: adapter}`` in configuration order.
+        enabled: ids of adapters the operator enabled (disabled ones stay listed, ``enabled:false``).
+        probe_interval: seconds a cheap probe result is reused.
+    """
+
+    def __init__(self, adapters: dict[str, ProviderAdapter], enabled: set[str], probe_interval: float = 15.0) -> None:
+        self._order = catalog_order(list(adapters))
+        self._adapters = adapters
+        self._enabled = enabled
+        self._interval = probe_interval
+        self._cheap: dict[str, tuple[float, ProbeResult]] = {}
+        self._full: dict[str, ProbeResult] = {}
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self._order)
+
+    def get(self, provider_id: str) -> ProviderAdapter | None:
+        return self._adapters.get(provider_id)
+
+    def status(self, provider_id: str) -> ProbeResult:
+        if provider_id not in self._enabled:
+            return ProbeResult("error", "disabled by configuration")
+        now = time.monotonic()
+        cached = self._cheap.get(provider_id)
+        if cached is None or now - cached[0] > self._interval:
+            cached = (now, self._adapters[provider_id].probe_cheap())
+            self._cheap[provider_id] = cached
+        cheap = cached[1]
+        if not cheap.available:
+            return cheap
+        return self._full.get(provider_id, cheap)
+
+    def available(self) -> list[str]:
+        return [i for i in self._order if self.status(i).available]
+
+    def catalog(self) -> list[dict[str, Any]]:
+        entries = []
+        for provider_id in self._order:
+            info = self._adapters[provider_id].info
+            probe = self.status(provider_id)
+            entry: dict[str, Any] = {
+                "providerId": provider_id, "label": info.label, "targets": list(info.targets),
+                "category": info.category, "enabled": probe.available,
+            }  # fmt: skip
+            if not probe.available:
+                entry["unavailableReason"] = probe.detail or probe.status
+            entries.append(entry)
+        return entries
+
+    def probe_summary(self) -> list[dict[str, Any]]:
+        out = []
+        for provider_id in self._order:
+            probe = self.status(provider_id)
+            out.append({"providerId": provider_id, "available": probe.available, "status": probe.status})
+        return out
+
+    async def probe_all(self) -> dict[str, ProbeResult]:
+        """Run every enabled provider's full probe concurrently; results are kept for ``status``."""
+
+        async def one(provider_id: str) -> None:
+            try:
+                self._full[provider_id] = await self._adapters[provider_id].probe_full()
+            except Exception as exc:  # a probe must never take the bridge down
+                log.warning("probe of %s failed: %s", provider_id, type(exc).__name__)
+                self._full[provider_id] = ProbeResult("error", type(exc).__name__)
+
+        async with anyio.create_task_group() as tg:
+            for provider_id in self._order:
+                if provider_id in self._enabled and self._adapters[provider_id].probe_cheap().available:
+                    tg.start_soon(one, provider_id)
+        return dict(self._full)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for adapter in self._adapters.values():
+                with anyio.move_on_after(10):
+                    await adapter.aclose()

@@ -1,0 +1,359 @@
+"""The session orchestrator: the operations behind ``session.*`` and ``acp.capabilities``.
+
+Turns run in the orchestrator's own task group, not in the request's task: a client that
+disconnects does not kill its turn (the update log keeps what it missed), and ``session.cancel``
+from any connection of the same token reaches it. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+from anyio.abc import TaskGroup
+
+from bridge.rpc.errors import InvalidParams, LimitReached, NotFound
+from bridge.rpc.redact import redact
+from compat.base import Attachment, TurnError, TurnOutcome, TurnRequest
+from compat.settings import Limits, Timeouts
+from orchestrator.models import PermissionParams, ResolveParams, TurnParams
+from orchestrator.registry import ProviderRegistry
+from orchestrator.routing import Resolution, RoutingInput, resolve
+from orchestrator.session import Session
+from orchestrator import updates
+from orchestrator.turn import TurnRunner
+
+log = logging.getLogger(__name__)
+Notify = Callable[[str, Any], None]
+SUMMARY_CHARS = 280
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+class Orchestrator:
+    """Owns sessions and runs turns on providers.
+
+    Use as ``async with Orchestrator(...) as orch:``; leaving it cancels running turns and ends
+    every provider process (bounded).
+
+    Args:
+        registry: the configured providers.
+        roots: workspace roots (resolved); every workingDirectory and attachment must lie inside.
+        limits / timeouts: the named settings of docs/api.md.
+        gateway_configured: whether a gateway is configured (routing and capabilities).
+        bridge_info: ``{name, version, contractVersion}`` for ``acp.capabilities``.
+    """
+
+    def __init__(
+        self, registry: ProviderRegistry, roots: list[Path], limits: Limits, timeouts: Timeouts,
+        *, gateway_configured: bool = False, bridge_info: dict[str, Any] | None = None,
+        methods: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        self.registry = registry
+        self.roots = roots
+        self.limits = limits
+        self.timeouts = timeouts
+        self.gateway_configured = gateway_configured
+        self.bridge_info = bridge_info or {}
+        self.methods = methods or []
+        self._sessions: dict[str, Session] = {}
+        self._tg: TaskGroup | None = None
+
+    async def __aenter__(self) -> Orchestrator:
+        self._tg = await anyio.create_task_group().__aenter__()
+        self._tg.start_soon(self.registry.probe_all)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        assert self._tg is not None
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.timeouts.cancel_grace + 10):
+                for session in list(self._sessions.values()):
+                    await self._end_provider_session(session)
+            await self.registry.aclose()
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(*exc_info)
+
+    # ---- capabilities and routing ---------------------------------------------------------------
+
+    def capabilities(self) -> dict[str, Any]:
+        catalog = self.registry.catalog()
+        targets = ["agent", "gateway"] if self.gateway_configured else ["agent"]
+        gateways = [{"providerId": "openclaw", "label": "OpenClaw", "targets": ["gateway"],
+                     "providerDisplay": {"logoEmoji": "🦞"}}] if self.gateway_configured else []  # fmt: skip
+        single = any(entry["enabled"] for entry in catalog)
+        return {
+            "singleAgent": single, "multiAgent": False, "availableExecutionTargets": targets,
+            "providerCatalog": catalog, "gatewayProviders": gateways,
+            "providerProbeSummary": self.registry.probe_summary(),
+            "capabilities": {
+                "single_agent": single, "multi_agent": False, "providerCatalog": catalog,
+                "gatewayProviders": gateways, "availableExecutionTargets": targets,
+            },
+            "bridge": self.bridge_info, "methods": self.methods,
+            "limits": {**self.limits.model_dump(by_alias=True), **self.timeouts.model_dump(by_alias=True)},
+        }  # fmt: skip
+
+    def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:
+        inp = RoutingInput.from_params(prompt, routing, model)
+        return resolve(inp, self.registry.available(), self.gateway_configured)
+
+    def resolve(self, params: ResolveParams) -> dict[str, Any]:
+        return self._route(params.task_prompt, params.routing, params.model).to_wire()
+
+    # ---- sessions -------------------------------------------------------------------------------
+
+    def _owned(self, session_id: str, principal: str) -> Session | None:
+        session = self._sessions.get(session_id)
+        if session is not None and session.owner != principal:
+            raise NotFound("unknown session", sessionId=session_id)
+        return session
+
+    def _session_for_turn(self, params: TurnParams, principal: str) -> Session:
+        session = self._owned(params.session_id, principal)
+        thread_id = params.thread_id or params.session_id
+        if session is None:
+            if len(self._sessions) >= self.limits.max_sessions:
+                raise LimitReached("too many sessions", limit="maxSessions", value=self.limits.max_sessions)
+            session = Session(params.session_id, principal, thread_id, max_queued=self.limits.max_queued_turns)
+            self._sessions[params.session_id] = session
+        else:
+            session.thread_id = thread_id
+        return session
+
+    def _working_directory(self, requested: str | None) -> str:
+        if requested is None:
+            return str(self.roots[0])
+        path = Path(os.path.expanduser(requested))
+        real = path.resolve()
+        if not real.is_dir():
+            raise InvalidParams("workingDirectory is not an existing directory", field="workingDirectory")
+        if not _inside(real, self.roots):
+            raise InvalidParams("workingDirectory is outside the workspace roots", field="workingDirectory")
+        return str(real)
+
+    def _attachments(self, params: TurnParams) -> tuple[Attachment, ...]:
+        out = []
+        for index, item in enumerate(params.attachments):
+            real = Path(os.path.expanduser(item.path)).resolve()
+            if not _inside(real, self.roots) or not real.exists():
+                raise InvalidParams("attachment path is missing or outside the workspace roots",
+                                    field=f"attachments.{index}.path")  # fmt: skip
+            out.append(Attachment(item.name or real.name, str(real), item.description))
+        return tuple(out)
+
+    async def run_turn(self, params: TurnParams, principal: str, notify: Notify, *, start: bool) -> dict[str, Any]:
+        """``session.start`` (start=True) or ``session.message``: run one turn and return its result.
+
+        Everything before the first ``await`` is synchronous, so turns are queued in the order the
+        requests were read.
+
+        Raises:
+            InvalidParams: -32602, bad workingDirectory or attachment.
+            NotFound: -32004, the session belongs to another token.
+            SessionBusy: -32005 (``turn_running`` / ``queue_full``).
+            LimitReached: -32006, ``maxSessions`` sessions exist.
+        """
+        cwd = self._working_directory(params.working_directory)
+        attachments = self._attachments(params)
+        resolution = self._route(params.task_prompt, params.routing, params.model)
+        session = self._session_for_turn(params, principal)
+        base = {"sessionId": session.session_id, "threadId": session.thread_id}
+        if resolution.unavailable:
+            return {**base, "success": False, "status": "unavailable", **resolution.to_wire()}
+        ticket = session.admit(start=start)
+        done = anyio.Event()
+        box: dict[str, Any] = {}
+
+        async def execute() -> None:
+            try:
+                await ticket.ready.wait()
+                if ticket.cancelled:
+                    box["result"] = self._cancelled_before_start(base, resolution)
+                    return
+                box["result"] = await self._execute(session, params, resolution, cwd, attachments,
+                                                    principal, notify, start)  # fmt: skip
+            except BaseException:
+                box["result"] = None
+                raise
+            finally:
+                session.release(ticket)
+                done.set()
+
+        assert self._tg is not None, "use the Orchestrator as an async context manager"
+        self._tg.start_soon(execute)
+        await done.wait()
+        if box.get("result") is None:
+            raise RuntimeError("turn task failed")
+        return box["result"]
+
+    def _cancelled_before_start(self, base: dict[str, Any], resolution: Resolution) -> dict[str, Any]:
+        return {
+            **base, "success": False, "status": "cancelled", "turnId": None, "output": "", "summary": "",
+            "stopReason": "cancelled", **_resolved(resolution),
+            "error": {"code": "CANCELLED", "message": "cancelled before it started",
+                      "providerId": resolution.resolved_provider_id},
+        }  # fmt: skip
+
+    async def _prepare_provider(self, session: Session, provider_id: str, start: bool) -> bool:
+        """Make sure the session has a provider session for ``provider_id``; True if context was lost."""
+        reset = False
+        if start:
+            session.history.clear()
+            await self._end_provider_session(session)
+        elif session.provider_id not in (None, provider_id):
+            reset = bool(session.history)
+            await self._end_provider_session(session)
+        if session.provider_session is None:
+            adapter = self.registry.get(provider_id)
+            assert adapter is not None
+            session.provider_session = adapter.open_session(session.session_id)
+            session.provider_id = provider_id
+        return reset
+
+    async def _execute(
+        self, session: Session, params: TurnParams, resolution: Resolution, cwd: str,
+        attachments: tuple[Attachment, ...], principal: str, notify: Notify, start: bool,
+    ) -> dict[str, Any]:  # fmt: skip
+        provider_id = resolution.resolved_provider_id
+        reset = await self._prepare_provider(session, provider_id, start)
+        provider = session.provider_session
+        assert provider is not None and self._tg is not None
+        turn_id = f"turn-{time.time_ns()}"
+        tg = self._tg
+        runner = TurnRunner(session, turn_id, notify, self.limits, self.timeouts,
+                            on_output_limit=lambda: tg.start_soon(provider.cancel))  # fmt: skip
+        session.current_turn = runner
+        request = TurnRequest(
+            session_id=session.session_id, thread_id=session.thread_id, turn_id=turn_id,
+            prompt=params.task_prompt, working_directory=cwd, model=resolution.resolved_model or None,
+            attachments=attachments, principal=principal, extra=params.extra_params(),
+        )  # fmt: skip
+        started = time.monotonic()
+        runner.publish(updates.started())
+        try:
+            outcome = await self._bounded_turn(provider, request, runner)
+        finally:
+            session.current_turn = None
+        outcome = self._final_outcome(outcome, runner)
+        output = outcome.output_override if outcome.output_override is not None else runner.output
+        error_code = outcome.error.code if outcome.error else None
+        runner.finish(outcome.status, output if outcome.status == "completed" or output else
+                      (outcome.error.message if outcome.error else outcome.status), error_code)  # fmt: skip
+        session.working_directory = cwd
+        session.record("user", params.task_prompt)
+        if output:
+            session.record("assistant", output)
+        log.info("turn %s on %s ended %s in %.2fs", turn_id, provider_id, outcome.status, time.monotonic() - started)
+        return self._result(session, resolution, turn_id, outcome, output, reset)
+
+    async def _bounded_turn(self, provider: Any, request: TurnRequest, runner: TurnRunner) -> TurnOutcome:
+        # Adapters bound their own turns; this outer bound only guards against an adapter bug.
+        limit = self.timeouts.turn_timeout + 2 * self.timeouts.cancel_grace + 15
+        with anyio.move_on_after(limit):
+            try:
+                return await provider.run_turn(request, runner)
+            except Exception as exc:
+                log.exception("adapter failed")
+                return TurnOutcome("failed", error=TurnError("INTERNAL_ERROR", f"adapter failed: {type(exc).__name__}"))
+        return TurnOutcome("timeout", error=TurnError("TURN_TIMEOUT", "the turn did not end in time"))
+
+    def _final_outcome(self, outcome: TurnOutcome, runner: TurnRunner) -> TurnOutcome:
+        if runner.output_exceeded:
+            message = f"the turn's output passed maxOutputBytes ({self.limits.max_output_bytes} bytes)"
+            return TurnOutcome("failed", stop_reason=outcome.stop_reason, usage=outcome.usage,
+                               error=TurnError("OUTPUT_LIMIT", message),
+                               upstream_session_id=outcome.upstream_session_id,
+                               resolved_model=outcome.resolved_model, context_reset=outcome.context_reset)  # fmt: skip
+        if runner.cancel_requested and outcome.status in ("completed", "failed"):
+            return TurnOutcome("cancelled", stop_reason="cancelled", usage=outcome.usage,
+                               upstream_session_id=outcome.upstream_session_id,
+                               resolved_model=outcome.resolved_model, context_reset=outcome.context_reset)  # fmt: skip
+        return outcome
+
+    def _result(
+        self, session: Session, resolution: Resolution, turn_id: str, outcome: TurnOutcome, output: str, reset: bool
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "success": outcome.status == "completed", "status": outcome.status, "turnId": turn_id,
+            "sessionId": session.session_id, "threadId": session.thread_id, **_resolved(resolution),
+            "resolvedModel": outcome.resolved_model or "",
+            "output": output, "summary": output.strip()[:SUMMARY_CHARS],
+            "stopReason": outcome.stop_reason or ("end_turn" if outcome.status == "completed" else outcome.status),
+            "usage": outcome.usage or {}, "upstreamSessionId": outcome.upstream_session_id,
+            "contextReset": bool(reset or outcome.context_reset),
+        }  # fmt: skip
+        if outcome.error is not None and outcome.status != "completed":
+            error: dict[str, Any] = {"code": outcome.error.code, "message": redact(outcome.error.message),
+                                     "providerId": resolution.resolved_provider_id}  # fmt: skip
+            if outcome.error.data:
+                error["data"] = outcome.error.data
+            result["error"] = error
+        result.update(outcome.extra)
+        return result
+
+    # ---- cancel, close, permission --------------------------------------------------------------
+
+    def cancel(self, session_id: str, principal: str) -> dict[str, Any]:
+        """``session.cancel``: ``{accepted: true, cancelled: <a turn was running>}``.
+
+        Raises:
+            NotFound: -32004, the session belongs to another token.
+        """
+        session = self._owned(session_id, principal)
+        if session is None:
+            return {"accepted": True, "cancelled": False}
+        queued = session.cancel_waiting()
+        runner = session.current_turn
+        if runner is not None and not runner.cancel_requested:
+            runner.cancel_permissions()
+            provider = session.provider_session
+            assert self._tg is not None
+            if provider is not None:
+                self._tg.start_soon(provider.cancel)
+        return {"accepted": True, "cancelled": runner is not None or queued > 0}
+
+    async def close(self, session_id: str, principal: str) -> dict[str, Any]:
+        """``session.close``: cancel, end the provider session and its process, forget the session."""
+        session = self._owned(session_id, principal)
+        if session is None:
+            return {"accepted": True, "closed": False}
+        self.cancel(session_id, principal)
+        self._sessions.pop(session_id, None)
+        with anyio.CancelScope(shield=True):
+            await self._end_provider_session(session)
+        return {"accepted": True, "closed": True}
+
+    async def _end_provider_session(self, session: Session) -> None:
+        provider, session.provider_session, session.provider_id = session.provider_session, None, None
+        if provider is not None:
+            with anyio.move_on_after(self.timeouts.cancel_grace + 10):
+                await provider.aclose()
+
+    def permission(self, params: PermissionParams, principal: str) -> dict[str, Any]:
+        """``session.permission``: answer a pending ``ask`` permission request.
+
+        Raises:
+            NotFound: -32004, unknown session/request, already answered, or another token's session.
+            InvalidParams: -32602, ``optionId`` is not one of the request's options.
+        """
+        session = self._owned(params.session_id, principal)
+        pending = session.permissions.get(params.request_id) if session else None
+        if pending is None or pending.answered.is_set():
+            raise NotFound("unknown or already answered permission request", requestId=params.request_id)
+        if pending.option_ids and params.option_id not in pending.option_ids:
+            raise InvalidParams("optionId is not one of the request's options", field="optionId")
+        pending.answer(params.option_id)
+        return {"accepted": True}
+
+
+def _resolved(resolution: Resolution) -> dict[str, Any]:
+    wire = resolution.to_wire()
+    return {k: wire[k] for k in ("resolvedExecutionTarget", "resolvedProviderId", "resolvedGatewayProviderId",
+                                 "resolvedModel", "resolvedSkills")}  # fmt: skip

@@ -1,0 +1,137 @@
+"""A bridge session: its owner, provider session, turn queue and ordered update log.
+
+One turn runs at a time per session; further ``session.message`` calls wait in a FIFO queue
+(bounded, then -32005 ``queue_full``). Admission is synchronous so requests are queued in the order
+they were read (docs/api.md "Precise rules": requests are admitted in order, then run concurrently).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import anyio
+
+from bridge.rpc.errors import SessionBusy
+from compat.base import ProviderSession
+
+Subscriber = Callable[[dict[str, Any]], None]
+
+
+class UpdateLog:
+    """The per-session ordered log of ``session.update`` params.
+
+    ``seq`` starts at 1, strictly increases and is never reset (not even by ``session.start``).
+    The last ``capacity`` updates are kept so a later subscriber can resume from a given ``seq``.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._seq = 0
+        self._recent: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._subscribers: list[Subscriber] = []
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def append(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._seq += 1
+        params["seq"] = self._seq
+        self._recent.append(params)
+        for subscriber in tuple(self._subscribers):
+            subscriber(params)
+        return params
+
+    def subscribe(self, subscriber: Subscriber, after_seq: int | None = None) -> Callable[[], None]:
+        """Deliver updates after ``after_seq`` (replayed from the kept ones), then live ones.
+
+        Returns:
+            A function that ends the subscription.
+        """
+        if after_seq is not None:
+            for params in tuple(self._recent):
+                if params["seq"] > after_seq:
+                    subscriber(params)
+        self._subscribers.append(subscriber)
+        return lambda: self._subscribers.remove(subscriber) if subscriber in self._subscribers else None
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """A turn's place in its session's queue."""
+
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    owner: str
+    thread_id: str
+    max_queued: int = 16
+    created_at: float = field(default_factory=time.time)
+    provider_id: str | None = None
+    provider_session: ProviderSession | None = None
+    working_directory: str | None = None
+    history: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=50))
+    log: UpdateLog = field(default_factory=UpdateLog)
+    permissions: dict[str, Any] = field(default_factory=dict)  # requestId → PendingPermission
+    current_turn: Any = None  # the running TurnRunner, if any
+    _active: Ticket | None = None
+    _waiting: deque[Ticket] = field(default_factory=deque)
+
+    @property
+    def busy(self) -> bool:
+        return self._active is not None
+
+    def admit(self, *, start: bool) -> Ticket:
+        """Take a place for one turn. Synchronous, so admission follows arrival order.
+
+        Raises:
+            SessionBusy: -32005 with ``data.reason`` ``turn_running`` (``session.start`` while a
+                turn runs or waits) or ``queue_full`` (more than ``max_queued`` waiting).
+        """
+        if self._active is None:
+            ticket = Ticket()
+            ticket.ready.set()
+            self._active = ticket
+            return ticket
+        if start:
+            raise SessionBusy("a turn is running on this session", reason="turn_running", sessionId=self.session_id)
+        if len(self._waiting) >= self.max_queued:
+            raise SessionBusy("the session's turn queue is full", reason="queue_full", sessionId=self.session_id)
+        ticket = Ticket()
+        self._waiting.append(ticket)
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """Give up a place (finished, cancelled or abandoned); wakes the next waiting turn."""
+        if ticket is not self._active:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            return
+        self._active = None
+        while self._waiting:
+            nxt = self._waiting.popleft()
+            if nxt.cancelled:
+                nxt.ready.set()
+                continue
+            self._active = nxt
+            nxt.ready.set()
+            return
+
+    def cancel_waiting(self) -> int:
+        """Mark every queued turn cancelled and wake it; returns how many there were."""
+        count = 0
+        for ticket in self._waiting:
+            ticket.cancelled = True
+            ticket.ready.set()
+            count += 1
+        self._waiting.clear()
+        return count
+
+    def record(self, role: str, text: str) -> None:
+        self.history.append((role, text))

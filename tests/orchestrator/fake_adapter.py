@@ -1,0 +1,94 @@
+"""An in-memory provider adapter for orchestrator tests: its behaviour is chosen by the prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from compat.base import (
+    ProbeResult,
+    ProviderInfo,
+    StatusEvent,
+    TextDelta,
+    ThoughtDelta,
+    TurnError,
+    TurnOutcome,
+    TurnRequest,
+    TurnSink,
+)
+
+
+class FakeSession:
+    def __init__(self, adapter: FakeAdapter) -> None:
+        self.adapter = adapter
+        self.cancelled = anyio.Event()
+        self.closed = False
+        self.turns: list[TurnRequest] = []
+
+    async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
+        self.cancelled = anyio.Event()
+        self.turns.append(request)
+        self.adapter.started.set()
+        prompt = request.prompt
+        if prompt.startswith("echo "):
+            for word in prompt[5:].split():
+                sink.emit(TextDelta(word + " "))
+            sink.emit(ThoughtDelta("thinking"))
+            sink.emit(StatusEvent("available_commands_update"))
+            return TurnOutcome("completed", stop_reason="end_turn", usage={"totalTokens": 3})
+        if prompt == "hang":
+            sink.emit(TextDelta("partial"))
+            await self.cancelled.wait()
+            return TurnOutcome("cancelled", stop_reason="cancelled")
+        if prompt == "fail":
+            sink.emit(TextDelta("before failure"))
+            return TurnOutcome("failed", error=TurnError("AGENT_EXITED", "agent exited with code 3", {"exitCode": 3}))
+        if prompt.startswith("big "):
+            sink.emit(TextDelta("x" * int(prompt[4:])))
+            await self.cancelled.wait()
+            return TurnOutcome("cancelled", stop_reason="cancelled")
+        if prompt == "ask":
+            option = await sink.ask_permission({"toolCallId": "t1", "title": "rm"},
+                                               [{"optionId": "yes", "kind": "allow_once"},
+                                                {"optionId": "no", "kind": "reject_once"}])
+            sink.emit(TextDelta(f"option={option}"))
+            return TurnOutcome("completed", stop_reason="end_turn")
+        if prompt == "model":
+            return TurnOutcome("completed", resolved_model=request.model)
+        sink.emit(TextDelta(prompt))
+        return TurnOutcome("completed", stop_reason="end_turn")
+
+    async def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self.cancelled.set()
+
+
+class FakeAdapter:
+    def __init__(self, provider_id: str = "fake", available: bool = True) -> None:
+        self.info = ProviderInfo(provider_id, provider_id.title(), "acp")
+        self._available = available
+        self.sessions: list[FakeSession] = []
+        self.started = anyio.Event()
+
+    def probe_cheap(self) -> ProbeResult:
+        return ProbeResult("ok") if self._available else ProbeResult("not_found", "command not found")
+
+    async def probe_full(self) -> ProbeResult:
+        return self.probe_cheap()
+
+    def open_session(self, session_id: str) -> FakeSession:
+        session = FakeSession(self)
+        self.sessions.append(session)
+        return session
+
+    async def aclose(self) -> None:
+        for session in self.sessions:
+            await session.aclose()
+
+
+def updates_of(notes: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    return [params for method, params in notes if method == "session.update"]

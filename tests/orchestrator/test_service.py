@@ -1,0 +1,201 @@
+"""Orchestrator behaviour over an in-memory adapter: turns, queueing, seq, cancel, limits."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from bridge.rpc.errors import InvalidParams, NotFound, SessionBusy
+from compat.settings import Limits, Timeouts
+from orchestrator.models import PermissionParams, TurnParams
+from orchestrator.registry import ProviderRegistry
+from orchestrator.service import Orchestrator
+from tests.helpers import in_background
+from tests.orchestrator.fake_adapter import FakeAdapter, updates_of
+
+
+@pytest.fixture
+async def orch(tmp_path: Path):
+    adapters = {"fake": FakeAdapter("fake"), "gone": FakeAdapter("gone", available=False)}
+    registry = ProviderRegistry(adapters, set(adapters))
+    limits = Limits(max_output_bytes=1000, max_queued_turns=2)
+    timeouts = Timeouts(permission_timeout=5)
+    async with in_background(Orchestrator(registry, [tmp_path.resolve()], limits, timeouts)) as o:
+        yield o
+
+
+def params(prompt: str, session: str = "s1", **extra: Any) -> TurnParams:
+    return TurnParams.model_validate({"sessionId": session, "taskPrompt": prompt, **extra})
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, Any]] = []
+        self.got = anyio.Event()
+
+    def __call__(self, method: str, params: Any) -> None:
+        self.notes.append((method, params))
+        self.got.set()
+
+    @property
+    def updates(self) -> list[dict[str, Any]]:
+        return updates_of(self.notes)
+
+
+async def test_turn_streams_updates_in_order_and_returns_the_full_output(orch):
+    rec = Recorder()
+    result = await orch.run_turn(params("echo a b c"), "local", rec, start=True)
+    assert result["success"] is True and result["status"] == "completed"
+    assert result["output"] == "a b c "
+    assert result["resolvedProviderId"] == "fake" and result["turnId"].startswith("turn-")
+    ups = rec.updates
+    assert ups[0]["type"] == "status" and ups[0]["event"] == "started" and ups[0]["pending"] is True
+    assert ups[-1]["type"] == "done" and ups[-1]["event"] == "completed" and ups[-1]["message"] == "a b c "
+    assert "".join(u["delta"] for u in ups if u["type"] == "delta") == result["output"]
+    assert [u["seq"] for u in ups] == list(range(1, len(ups) + 1))
+    assert all(u["sessionId"] == "s1" and u["threadId"] == "s1" and u["turnId"] == result["turnId"] for u in ups)
+    assert [u["event"] for u in ups].count("completed") == 1
+    assert {u["structuredEvent"]["type"] for u in ups} >= {"text", "thinking", "status"}
+
+
+async def test_seq_continues_across_turns_and_session_start(orch):
+    rec = Recorder()
+    await orch.run_turn(params("one"), "local", rec, start=True)
+    await orch.run_turn(params("two"), "local", rec, start=False)
+    await orch.run_turn(params("three"), "local", rec, start=True)
+    seqs = [u["seq"] for u in rec.updates]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_provider_failure_is_a_result_that_keeps_streamed_text(orch):
+    rec = Recorder()
+    result = await orch.run_turn(params("fail"), "local", rec, start=True)
+    assert result["success"] is False and result["status"] == "failed"
+    assert result["output"] == "before failure"
+    assert result["error"]["code"] == "AGENT_EXITED" and result["error"]["providerId"] == "fake"
+    done = rec.updates[-1]
+    assert done["type"] == "done" and done["status"] == "failed" and done["errorCode"] == "AGENT_EXITED"
+
+
+async def test_unavailable_explicit_provider_is_never_substituted_and_sends_no_updates(orch):
+    rec = Recorder()
+    routing = {"routingMode": "auto", "explicitProviderId": "gone"}
+    result = await orch.run_turn(params("hi", routing=routing), "local", rec, start=True)
+    assert result["status"] == "unavailable" and result["unavailableCode"] == "PROVIDER_UNAVAILABLE"
+    assert result["resolvedProviderId"] == "gone" and rec.notes == []
+
+
+async def test_cancel_ends_the_running_turn_and_queued_turns(orch):
+    rec = Recorder()
+    results: dict[str, Any] = {}
+
+    async def run(name: str, prompt: str, start: bool) -> None:
+        results[name] = await orch.run_turn(params(prompt), "local", rec, start=start)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "first", "hang", True)
+        with anyio.fail_after(5):
+            while not rec.notes:
+                await rec.got.wait()
+                rec.got = anyio.Event()
+        tg.start_soon(run, "queued", "echo later", False)
+        await anyio.wait_all_tasks_blocked()
+        assert orch.cancel("s1", "local") == {"accepted": True, "cancelled": True}
+    assert results["first"]["status"] == "cancelled" and results["first"]["output"] == "partial"
+    assert results["queued"]["status"] == "cancelled" and results["queued"]["turnId"] is None
+    assert rec.updates[-1]["type"] == "done" and rec.updates[-1]["status"] == "cancelled"
+
+
+async def test_start_on_a_running_session_and_a_full_queue_are_busy(orch):
+    rec = Recorder()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(orch.run_turn, params("hang"), "local", rec, start=True))
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(SessionBusy) as busy:
+            await orch.run_turn(params("x"), "local", rec, start=True)
+        assert busy.value.data["reason"] == "turn_running"
+        tg.start_soon(partial(orch.run_turn, params("q1"), "local", rec, start=False))
+        tg.start_soon(partial(orch.run_turn, params("q2"), "local", rec, start=False))
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(SessionBusy) as full:
+            await orch.run_turn(params("q3"), "local", rec, start=False)
+        assert full.value.to_error()["code"] == -32005 and full.value.data["reason"] == "queue_full"
+        orch.cancel("s1", "local")
+
+
+async def test_output_limit_fails_the_turn_and_keeps_output_so_far(orch):
+    rec = Recorder()
+    result = await orch.run_turn(params("big 5000"), "local", rec, start=True)
+    assert result["status"] == "failed" and result["error"]["code"] == "OUTPUT_LIMIT"
+    assert len(result["output"]) == 1000
+    assert "".join(u["delta"] for u in rec.updates if u["type"] == "delta") == result["output"]
+
+
+async def test_another_token_cannot_touch_the_session(orch):
+    await orch.run_turn(params("hi"), "alice", Recorder(), start=True)
+    with pytest.raises(NotFound):
+        orch.cancel("s1", "bob")
+    with pytest.raises(NotFound):
+        await orch.close("s1", "bob")
+    with pytest.raises(NotFound):
+        await orch.run_turn(params("hi"), "bob", Recorder(), start=False)
+    assert await orch.close("s1", "alice") == {"accepted": True, "closed": True}
+    assert await orch.close("s1", "alice") == {"accepted": True, "closed": False}
+
+
+async def test_permission_ask_round_trip_and_unknown_request(orch):
+    rec = Recorder()
+    async with anyio.create_task_group() as tg:
+        box = {}
+
+        async def run() -> None:
+            box["r"] = await orch.run_turn(params("ask"), "local", rec, start=True)
+
+        tg.start_soon(run)
+        with anyio.fail_after(5):
+            while not [u for u in rec.updates if u["type"] == "permission"]:
+                await rec.got.wait()
+                rec.got = anyio.Event()
+        ask = [u for u in rec.updates if u["type"] == "permission"][0]
+        assert ask["options"][0]["optionId"] == "yes" and ask["requestId"]
+        with pytest.raises(InvalidParams):
+            orch.permission(PermissionParams(session_id="s1", request_id=ask["requestId"], option_id="maybe"), "local")
+        ok = orch.permission(PermissionParams(session_id="s1", request_id=ask["requestId"], option_id="no"), "local")
+        assert ok == {"accepted": True}
+        with pytest.raises(NotFound):
+            orch.permission(PermissionParams(session_id="s1", request_id=ask["requestId"], option_id="no"), "local")
+    assert box["r"]["output"] == "option=no"
+
+
+async def test_working_directory_must_be_an_existing_directory_inside_the_roots(orch, tmp_path):
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", workingDirectory="/etc"), "local", Recorder(), start=True)
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", workingDirectory=str(tmp_path / "nope")), "local", Recorder(), start=True)
+    (tmp_path / "sub").mkdir()
+    result = await orch.run_turn(params("hi", workingDirectory=str(tmp_path / "sub")), "local", Recorder(), start=True)
+    assert result["success"] is True
+
+
+async def test_attachments_must_resolve_inside_the_roots(orch, tmp_path):
+    outside = {"name": "p", "path": "/etc/passwd"}
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", attachments=[outside]), "local", Recorder(), start=True)
+    link = tmp_path / "link"
+    link.symlink_to("/etc/passwd")
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", attachments=[{"path": str(link)}]), "local", Recorder(), start=True)
+
+
+async def test_capabilities_lists_providers_and_probe_summary(orch):
+    caps = orch.capabilities()
+    assert [p["providerId"] for p in caps["providerCatalog"]] == ["fake", "gone"]
+    gone = caps["providerCatalog"][1]
+    assert gone["enabled"] is False and gone["unavailableReason"]
+    assert caps["availableExecutionTargets"] == ["agent"]
+    assert caps["capabilities"]["single_agent"] is True
+    assert {p["status"] for p in caps["providerProbeSummary"]} == {"ok", "not_found"}
