@@ -11,7 +11,14 @@ import pytest
 
 from bridge.rpc.errors import InvalidParams, NotFound, SessionBusy
 from compat.settings import Limits, Timeouts
-from orchestrator.models import PermissionParams, TurnParams
+from orchestrator.models import (
+    CapabilitiesResult,
+    PermissionParams,
+    ResolveResult,
+    SessionUpdate,
+    TurnParams,
+    TurnResult,
+)
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
 from tests.helpers import in_background
@@ -60,6 +67,9 @@ async def test_turn_streams_updates_in_order_and_returns_the_full_output(orch):
     assert all(u["sessionId"] == "s1" and u["threadId"] == "s1" and u["turnId"] == result["turnId"] for u in ups)
     assert [u["event"] for u in ups].count("completed") == 1
     assert {u["structuredEvent"]["type"] for u in ups} >= {"text", "thinking", "status"}
+    TurnResult.model_validate(result)
+    for update in ups:
+        SessionUpdate.model_validate(update)
 
 
 async def test_seq_continues_across_turns_and_session_start(orch):
@@ -87,6 +97,7 @@ async def test_unavailable_explicit_provider_is_never_substituted_and_sends_no_u
     result = await orch.run_turn(params("hi", routing=routing), "local", rec, start=True)
     assert result["status"] == "unavailable" and result["unavailableCode"] == "PROVIDER_UNAVAILABLE"
     assert result["resolvedProviderId"] == "gone" and rec.notes == []
+    ResolveResult.model_validate({k: v for k, v in result.items() if k not in ("sessionId", "threadId", "success")})
 
 
 async def test_cancel_ends_the_running_turn_and_queued_turns(orch):
@@ -199,3 +210,4 @@ async def test_capabilities_lists_providers_and_probe_summary(orch):
     assert caps["availableExecutionTargets"] == ["agent"]
     assert caps["capabilities"]["single_agent"] is True
     assert {p["status"] for p in caps["providerProbeSummary"]} == {"ok", "not_found"}
+    CapabilitiesResult.model_validate(caps)
