@@ -46,18 +46,35 @@ async def running_orchestrator(config: BridgeConfig) -> AsyncIterator[Any]:
         yield orch, build_dispatcher(orch)
 
 
+def build_app(config: BridgeConfig) -> Any:
+    """The ASGI app with the orchestrator entered in its lifespan (one task enters and leaves it)."""
+    from bridge.http_app import create_app
+    from bridge.methods import build_dispatcher
+    from bridge.wiring import build_orchestrator
+
+    orch = build_orchestrator(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with orch:
+            yield
+
+    return create_app(config, build_dispatcher(orch), lifespan=lifespan)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from bridge.auth import check_exposure
-    from bridge.http_app import create_app
     from bridge.server import run
 
-    overrides = {"host": args.host, "port": args.port}
+    overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.allow_insecure_no_auth:
         overrides["allowInsecureNoAuth"] = True
     config = load_config(args.config, overrides)
     _setup_logging(config.log_level)
     check_exposure(config)
-    return run(config, lambda: running_orchestrator(config), create_app)
+    log.info("xworkmate-bridge %s listening on http://%s:%s", __version__, config.host, config.port)
+    run(config, build_app(config))
+    return 0
 
 
 def cmd_acp_stdio(args: argparse.Namespace) -> int:

@@ -1,0 +1,324 @@
+"""The ASGI application: ``POST /acp/rpc`` (JSON or SSE), ``GET /acp`` (WebSocket, ``bridge.ws``),
+``GET /`` and ``GET /api/ping`` (docs/api.md "HTTP"; xworkmate-original.md §3.3-§3.6).
+
+Checks on ``/acp/rpc`` run in this order: OPTIONS → 204, other methods → 405, origin → 403, body
+size → 413, token → 401, JSON → 400. Everything after parsing is HTTP 200 (or 204 when nothing
+will be answered), JSON-RPC errors included.
+
+Imports ``bridge.*``, Starlette and sse-starlette only; knows nothing about sessions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
+
+import anyio
+from anyio.abc import ObjectReceiveStream, TaskGroup
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
+
+import bridge
+from bridge.auth import Authenticator, OriginPolicy, rejection
+from bridge.config import BridgeConfig
+from bridge.dispatch import CallContext, Dispatcher
+from bridge.rpc.codec import Invalid, parse_frame
+from bridge.rpc.errors import InvalidRequest, NotFound, OriginNotAllowed, ParseError, Unauthorized
+from bridge.rpc.stream import EnvelopeStream
+from bridge.ws import AcpWebSocket
+
+log = logging.getLogger(__name__)
+
+BANNER = "xworkmate-bridge is running"
+BODY_READ_TIMEOUT = 30.0
+"""Seconds allowed for reading a request body; a client that stalls mid-body gets 408."""
+CORS_HEADERS = {
+    "Access-Control-Allow-Methods": "POST, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept",
+    "Access-Control-Max-Age": "600",
+}
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_ids = itertools.count(1)
+Lifespan = Callable[[Starlette], AbstractAsyncContextManager[Any]]
+
+
+def create_app(
+    config: BridgeConfig,
+    dispatcher: Dispatcher,
+    *,
+    lifespan: Lifespan | None = None,
+    bind_host: str | None = None,
+) -> Starlette:
+    """Build the bridge's Starlette app.
+
+    Args:
+        config: origins, tokens, limits and ``sse_keepalive`` (seconds) are read from it.
+        dispatcher: serves every JSON-RPC frame, whatever the transport.
+        lifespan: the caller's lifespan (e.g. starting the orchestrator); it is entered first and
+            left last, around the task group that runs id-less requests in the background.
+        bind_host: the address the server binds (default ``config.host``); with no token
+            configured, requests are allowed only when it is loopback (or
+            ``allowInsecureNoAuth``).
+    """
+    auth = Authenticator.from_config(config, bind_host=bind_host)
+    origins = OriginPolicy(config.allowed_origins)
+    rpc = RpcEndpoint(dispatcher, auth, origins, config)
+    ws = AcpWebSocket(dispatcher, auth, origins, queue_size=config.limits.max_connection_queue)
+    routes = [
+        Route("/", banner, methods=["GET"]),
+        Route("/api/ping", ping, methods=["GET"]),
+        Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours)
+        WebSocketRoute("/acp", ws),
+    ]
+    handlers = {404: _http_error, 405: _http_error}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=rpc.lifespan(lifespan))
+
+
+async def banner(request: Request) -> Response:
+    return PlainTextResponse(BANNER)
+
+
+async def ping(request: Request) -> Response:
+    return JSONResponse(image_info(os.environ.get("IMAGE")))
+
+
+def image_info(image: str | None) -> dict[str, str]:
+    """``/api/ping`` fields from the ``IMAGE`` reference (xworkmate-original.md §3.5).
+
+    ``@digest`` is dropped; the tag is the text after the last ``:`` that follows the last ``/``;
+    a 40-hex tag is also the commit. With ``IMAGE`` unset, ``version`` is the package version.
+    """
+    image = (image or "").strip()
+    if not image:
+        return {"status": "ok", "image": "", "tag": "", "commit": "", "version": bridge.__version__}
+    ref = image.split("@", 1)[0]
+    colon = ref.rfind(":")
+    tag = ref[colon + 1 :] if colon > ref.rfind("/") else ""
+    commit = tag if _COMMIT.fullmatch(tag) else ""
+    return {"status": "ok", "image": image, "tag": tag, "commit": commit, "version": tag}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        return rejection(404, NotFound(f"not found: {request.url.path}"[:300]))
+    return rejection(status, InvalidRequest("method not allowed"), getattr(exc, "headers", None))
+
+
+class BodyTooLarge(Exception):
+    """The body is longer than ``limits.max_message_bytes``."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the body incrementally, stopping as soon as it passes ``limit`` bytes.
+
+    Raises:
+        BodyTooLarge: ``Content-Length`` or the bytes read so far exceed ``limit``; the rest is
+            never buffered (field-failures #6).
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def expects_reply(body: bytes) -> bool:
+    """Whether the frame will be answered: False only for a notification or a batch of only
+    notifications (JSON-RPC 2.0 §4.1, §6).
+
+    Raises:
+        ParseError: -32700, the body is not JSON (HTTP 400).
+    """
+    try:
+        frame = parse_frame(body)
+    except InvalidRequest:  # the empty batch: answered with one error
+        return True
+    return any(isinstance(m, Invalid) or not m.is_notification for m in frame.messages)
+
+
+class RpcEndpoint:
+    """``/acp/rpc`` for every method; also owns the task group for id-less requests."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, auth: Authenticator, origins: OriginPolicy, config: BridgeConfig
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._auth = auth
+        self._origins = origins
+        self._limit = config.limits.max_message_bytes
+        self._queue_size = config.limits.max_connection_queue
+        self._keepalive = config.sse_keepalive
+        self._background: TaskGroup | None = None
+
+    def lifespan(self, outer: Lifespan | None) -> Lifespan:
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[Any]:
+            async with outer(app) if outer else nullcontext() as state:
+                async with anyio.create_task_group() as tg:
+                    self._background = tg
+                    try:
+                        yield state
+                    finally:
+                        self._background = None
+                        tg.cancel_scope.cancel()
+
+        return lifespan
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def handle(self, request: Request) -> Response:
+        origin = request.headers.get("origin")
+        headers = {"Vary": "Origin"}
+        if origin and self._origins.allows(origin):
+            headers.update(CORS_HEADERS, **{"Access-Control-Allow-Origin": origin})
+        if request.method == "OPTIONS":
+            return Response(status_code=204, headers=headers)
+        if request.method != "POST":
+            error = InvalidRequest("method not allowed")
+            return rejection(405, error, {**headers, "Allow": "POST, OPTIONS"})
+        if not self._origins.allows(origin):
+            return rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]), headers)
+        return await self._post(request, headers)
+
+    async def _post(self, request: Request, headers: dict[str, str]) -> Response:
+        body = await self._read(request, headers)
+        if isinstance(body, Response):
+            return body
+        try:
+            principal = self._auth.authenticate(request.headers.get("authorization"))
+        except Unauthorized as exc:
+            return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer"})
+        try:
+            reply_expected = expects_reply(body)
+        except ParseError as exc:
+            return rejection(400, exc, headers)
+        ctx = CallContext(principal, connection_id=f"http-{next(_ids)}")
+        if not reply_expected:
+            return self._detach(body, ctx, headers)
+        if "text/event-stream" in request.headers.get("accept", "").lower():
+            return _SseReply(self._dispatcher, body, ctx, headers, keepalive=self._keepalive,
+                             queue_size=self._queue_size)  # fmt: skip
+        return await self._json(body, ctx, headers)
+
+    async def _read(self, request: Request, headers: dict[str, str]) -> bytes | Response:
+        """The body, or the response refusing it (413 too large, 408 stalled)."""
+        try:
+            with anyio.fail_after(BODY_READ_TIMEOUT):
+                return await read_body(request, self._limit)
+        except BodyTooLarge:
+            error = InvalidRequest("Invalid Request: body too large", maxMessageBytes=self._limit)
+            # No "Connection: close": uvicorn discards the unread rest (never buffered), and a
+            # client still sending would otherwise meet a reset instead of this answer.
+            return rejection(413, error, headers)
+        except TimeoutError:
+            error = InvalidRequest("Invalid Request: body read timed out")
+            return rejection(408, error, {**headers, "Connection": "close"})
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody is left to read it
+
+    def _detach(self, body: bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
+        """204 at once; the notifications still run, in the app's task group."""
+        run = _Detached(self._dispatcher, body, ctx)
+        if self._background is not None:
+            self._background.start_soon(run)
+            return Response(status_code=204, headers=headers)
+        # No lifespan (a bare ASGI harness): run right after the response instead.
+        return Response(status_code=204, headers=headers, background=BackgroundTask(run))
+
+    async def _json(self, body: bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
+        replies: list[bytes] = []  # ctx.notify discards: without SSE notifications have nowhere to go
+        async with anyio.create_task_group() as tg:
+            self._dispatcher.serve_frame(body, EnvelopeStream(replies.append), ctx, tg)
+        if not replies:
+            return Response(status_code=204, headers=headers)
+        return Response(replies[0], headers=headers, media_type="application/json")
+
+
+class _Detached:
+    """Runs an id-less frame whose response (204) has already been sent."""
+
+    def __init__(self, dispatcher: Dispatcher, body: bytes, ctx: CallContext) -> None:
+        self._dispatcher, self._body, self._ctx = dispatcher, body, ctx
+
+    async def __call__(self) -> None:
+        async with anyio.create_task_group() as tg:
+            self._dispatcher.serve_frame(self._body, EnvelopeStream(_drop), self._ctx, tg)
+
+
+def _drop(envelope: bytes) -> None:
+    """Nothing is sent for a frame of notifications."""
+
+
+class _SseReply(EventSourceResponse):
+    """An SSE response: the request's notifications as they happen, then its reply (or the batch
+    array), then ``data: [DONE]``; a comment line every ``keepalive`` seconds keeps idle streams
+    open (xworkmate-original.md §3.3). ``seq`` counts from 0 within the response.
+
+    A client that stops reading overflows the bounded queue and the response is aborted; a client
+    that disconnects cancels the request's handlers.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        frame: bytes,
+        ctx: CallContext,
+        headers: dict[str, str],
+        *,
+        keepalive: float,
+        queue_size: int,
+    ) -> None:
+        self._dispatcher, self._frame = dispatcher, frame
+        self._sender, receiver = anyio.create_memory_object_stream[bytes](queue_size)
+        self._stream = EnvelopeStream(self._offer)
+        self._ctx = CallContext(ctx.principal, self._stream.notify, ctx.connection_id)
+        self._rpc_scope: anyio.CancelScope | None = None
+        super().__init__(_events(receiver), headers=headers, ping=keepalive, sep="\n")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+            self._rpc_scope = tg.cancel_scope
+            tg.start_soon(self._produce)
+            await super().__call__(scope, receive, send)
+            tg.cancel_scope.cancel()
+
+    async def _produce(self) -> None:
+        async with self._sender:
+            async with anyio.create_task_group() as tg:
+                self._dispatcher.serve_frame(self._frame, self._stream, self._ctx, tg)
+
+    def _offer(self, envelope: bytes) -> None:
+        try:
+            self._sender.send_nowait(envelope)
+        except anyio.WouldBlock:  # the client stopped reading: abort the response
+            log.warning("%s: SSE client is not reading; dropping it", self._ctx.connection_id)
+            if self._rpc_scope is not None:
+                self._rpc_scope.cancel()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the response ended; late notifications have nowhere to go
+
+
+async def _events(receiver: ObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:
+    async with receiver:
+        async for envelope in receiver:
+            yield b"data: " + envelope + b"\n\n"
+    yield b"data: [DONE]\n\n"

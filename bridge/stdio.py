@@ -1,0 +1,266 @@
+"""``acp-stdio``: the bridge's JSON-RPC methods over stdin/stdout (docs/api.md "stdio";
+xworkmate-original.md §5.8).
+
+In: one JSON frame per line, or LSP-style ``Content-Length: N`` headers, a blank line and N
+bytes, detected per message. Out: one envelope per line, notifications interleaved; the process is
+one ``seq`` stream. Requests run concurrently; on EOF the in-flight ones finish, the queue drains,
+and ``serve_stdio`` returns. A message over ``max_message_bytes`` is answered with -32600 (id null)
+and skipped without being buffered whole. stdout carries protocol frames only; logs go to stderr.
+
+Imports ``bridge.*`` and anyio only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.from_thread import BlockingPortal
+
+from bridge.config import Limits
+from bridge.dispatch import CallContext, Dispatcher
+from bridge.rpc.codec import Reply
+from bridge.rpc.errors import InvalidRequest
+from bridge.rpc.stream import EnvelopeStream
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 64 * 1024  # bytes per read from stdin
+FLUSH_TIMEOUT = 5.0
+"""Seconds ``stdio_streams`` waits at exit for the last envelopes to reach stdout."""
+_HEADER = re.compile(rb"(?i)content-length[ \t]*:[ \t]*(\d{1,18})")
+OVERSIZED: Any = object()
+"""What ``FrameReader.messages`` yields for a message past the limit (already discarded)."""
+
+
+class ByteSource(Protocol):
+    """Chunks of input; ``receive`` raises ``anyio.EndOfStream`` at EOF (a memory object stream
+    or anyio's ``ByteReceiveStream`` fit)."""
+
+    async def receive(self) -> bytes: ...
+
+
+class ByteSink(Protocol):
+    """Where encoded envelopes go (a memory object stream or anyio's ``ByteSendStream`` fit)."""
+
+    async def send(self, item: bytes) -> None: ...
+
+
+class FrameReader:
+    """Splits a byte stream into messages, holding at most about ``limit`` + one chunk in memory.
+
+    Args:
+        source: yields chunks; ``anyio.EndOfStream`` (or a closed stream) means EOF.
+        limit: the largest message in bytes; longer ones are reported as ``OVERSIZED``.
+    """
+
+    def __init__(self, source: ByteSource, limit: int) -> None:
+        self._source, self._limit = source, limit
+        self._buf = bytearray()
+
+    async def messages(self) -> AsyncIterator[bytes]:
+        """Each message's bytes, or ``OVERSIZED``; blank lines are skipped."""
+        while (line := await self._line()) is not None:
+            if line is OVERSIZED:
+                yield line
+            elif header := _HEADER.fullmatch(line.strip()):
+                yield await self._body(int(header.group(1)))
+            elif line.strip():
+                yield line
+
+    async def _fill(self) -> bool:
+        try:
+            self._buf += await self._source.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+
+    async def _line(self) -> Any:
+        """The next line without its terminator; ``OVERSIZED``; or None at EOF."""
+        searched = 0
+        while (end := self._buf.find(b"\n", searched)) < 0:
+            if len(self._buf) > self._limit:
+                return await self._discard_line()
+            searched = len(self._buf)
+            if not await self._fill():
+                line, self._buf = bytes(self._buf), bytearray()
+                return line or None
+        line = bytes(self._buf[:end]).removesuffix(b"\r")
+        del self._buf[: end + 1]
+        return OVERSIZED if len(line) > self._limit else line
+
+    async def _discard_line(self) -> Any:
+        self._buf.clear()
+        while await self._fill():
+            if (end := self._buf.find(b"\n")) >= 0:
+                del self._buf[: end + 1]
+                break
+            self._buf.clear()
+        return OVERSIZED
+
+    async def _body(self, length: int) -> Any:
+        """After a ``Content-Length`` header: skip the other headers, then take ``length`` bytes."""
+        while (line := await self._line()) is not None and line is not OVERSIZED and line.strip():
+            pass
+        if length > self._limit:
+            await self._skip(length)
+            return OVERSIZED
+        while len(self._buf) < length and await self._fill():
+            pass
+        body = bytes(self._buf[:length])
+        del self._buf[:length]
+        return body
+
+    async def _skip(self, length: int) -> None:
+        while length > 0 and (self._buf or await self._fill()):
+            taken = min(length, len(self._buf))
+            del self._buf[:taken]
+            length -= taken
+
+
+async def serve_stdio(
+    dispatcher: Dispatcher,
+    *,
+    stdin: ByteSource | None = None,
+    stdout: ByteSink | None = None,
+    limits: Limits,
+) -> None:
+    """Serve JSON-RPC on a pair of byte streams until EOF on ``stdin``.
+
+    Args:
+        dispatcher: runs the frames; the principal is ``local``.
+        stdin: chunks of input. Default (with ``stdout`` also None): the process's own stdin and
+            stdout, claimed with ``stdio_streams()`` for the duration.
+        stdout: receives one envelope per ``send``, each ending in ``\\n``.
+        limits: ``max_message_bytes`` per input message; ``max_connection_queue`` envelopes may
+            wait for stdout before the bridge gives up on a reader that stopped reading.
+    """
+    if stdin is not None and stdout is not None:
+        await _StdioLink(dispatcher, stdin, stdout, limits).run()
+        return
+    async with stdio_streams() as (process_in, process_out):
+        await _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits).run()
+
+
+class _StdioLink:
+    def __init__(
+        self, dispatcher: Dispatcher, stdin: ByteSource, stdout: ByteSink, limits: Limits
+    ) -> None:
+        self._dispatcher, self._stdout, self._limit = dispatcher, stdout, limits.max_message_bytes
+        self._reader = FrameReader(stdin, limits.max_message_bytes)
+        queue = limits.max_connection_queue
+        self._outbox_in, self._outbox = anyio.create_memory_object_stream[bytes](queue)
+        self._stream = EnvelopeStream(self._enqueue)
+        self._ctx = CallContext("local", self._stream.notify, "stdio")
+        self._scope = anyio.CancelScope()
+
+    async def run(self) -> None:
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write_loop)
+                async with self._outbox_in:  # closed once every request finished: the writer drains
+                    async with anyio.create_task_group() as requests:
+                        await self._read_loop(requests)
+
+    async def _read_loop(self, requests: TaskGroup) -> None:
+        async for message in self._reader.messages():
+            if message is OVERSIZED:
+                error = InvalidRequest("Invalid Request: message too large", maxMessageBytes=self._limit)
+                self._stream.reply(Reply.from_error(None, error))
+            else:
+                self._dispatcher.serve_frame(message, self._stream, self._ctx, requests)
+
+    async def _write_loop(self) -> None:
+        try:
+            async for envelope in self._outbox:
+                await self._stdout.send(envelope + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            log.info("stdout closed; stopping")
+            self._scope.cancel()
+
+    def _enqueue(self, envelope: bytes) -> None:
+        try:
+            self._outbox_in.send_nowait(envelope)
+        except anyio.WouldBlock:
+            log.error("stdout is not being read; stopping")
+            self._scope.cancel()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # after shutdown; a turn that outlives the request notifies into nothing
+
+
+@asynccontextmanager
+async def stdio_streams() -> AsyncIterator[tuple[ByteSource, ByteSink]]:
+    """The process's stdin and stdout as streams for ``serve_stdio``.
+
+    While open, file descriptor 1 and ``sys.stdout`` point at stderr, so a stray ``print`` or a
+    child process that inherits stdout cannot corrupt the protocol; the frames go to a private
+    duplicate of the original stdout. Blocking reads and writes run in daemon threads, so a
+    parent that stops reading (or never closes stdin) cannot keep the process from exiting.
+    """
+    protocol_fd = os.dup(1)
+    saved_fd, saved_stdout = os.dup(1), sys.stdout
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    in_tx, in_rx = anyio.create_memory_object_stream[bytes](4)
+    out_tx, out_rx = anyio.create_memory_object_stream[bytes](0)
+    try:
+        async with BlockingPortal() as portal:
+            _daemon(_pump_in, 0, in_tx, portal)
+            writer = _daemon(_pump_out, protocol_fd, out_rx, portal)
+            try:
+                yield in_rx, out_tx
+            finally:
+                out_tx.close()  # the writer thread sees EndOfStream after its last write
+                in_rx.close()
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(writer.join, FLUSH_TIMEOUT)
+                    await portal.stop(cancel_remaining=True)
+    finally:
+        sys.stdout = saved_stdout
+        os.dup2(saved_fd, 1)
+        os.close(saved_fd)
+
+
+def _daemon(target: Callable[..., None], *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=f"stdio-{target.__name__}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _pump_in(fd: int, sender: Any, portal: BlockingPortal) -> None:
+    try:
+        while chunk := os.read(fd, READ_CHUNK):
+            portal.call(sender.send, chunk)
+    except (OSError, RuntimeError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # stdin failed, the portal stopped, or serve_stdio is done reading
+    finally:
+        _call_quietly(portal, sender.close)
+
+
+def _pump_out(fd: int, receiver: Any, portal: BlockingPortal) -> None:
+    try:
+        while True:
+            data = memoryview(portal.call(receiver.receive))
+            while data:
+                data = data[os.write(fd, data) :]
+    except (OSError, RuntimeError, anyio.EndOfStream, anyio.ClosedResourceError):
+        pass  # done, stdout closed (EPIPE), or the portal stopped
+    finally:
+        _call_quietly(portal, receiver.close)  # a later send fails instead of waiting forever
+        os.close(fd)
+
+
+def _call_quietly(portal: BlockingPortal, func: Callable[[], None]) -> None:
+    try:
+        portal.call(func)
+    except RuntimeError:
+        pass  # the portal already stopped

@@ -1,0 +1,166 @@
+"""``GET /acp``: one WebSocket connection is one stream of JSON-RPC frames (docs/api.md
+"WebSocket"; field-failures.md #4, #5, #7, #8).
+
+The upgrade is refused before ``accept`` with an HTTP status and a JSON error body (403 origin,
+401 token). After that, each text frame goes to ``Dispatcher.serve_frame``; requests run
+concurrently in a task group owned by the connection and cancelled when the socket closes.
+Outbound envelopes wait in a bounded queue drained by one writer task, so a client that stops
+reading is dropped instead of stalling the handlers that notify it. Frame size limits and pings
+are uvicorn's (``ws_max_size``, ``ws_ping_interval``; see ``bridge.server``).
+
+Imports ``bridge.*`` and Starlette only; knows nothing about sessions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import anyio
+import starlette.websockets
+from anyio.abc import TaskGroup
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from bridge.auth import Authenticator, OriginPolicy, rejection
+from bridge.dispatch import CallContext, Dispatcher
+from bridge.rpc.codec import Reply
+from bridge.rpc.errors import InvalidRequest, OriginNotAllowed, RpcError, Unauthorized
+from bridge.rpc.stream import EnvelopeStream
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 1.0
+"""Seconds to wait for the close frame to go out to a client that may have stopped reading."""
+CLOSE_OVERFLOW = 1013  # "try again later": the client did not read fast enough (RFC 6455 §7.4)
+
+# Sending after a close raises this RuntimeError subclass, not WebSocketDisconnect (field-failures
+# #5); older Starlette releases raise a bare RuntimeError.
+_Disconnected = getattr(starlette.websockets, "WebSocketDisconnected", RuntimeError)
+_SEND_FAILURES = (WebSocketDisconnect, _Disconnected, OSError)
+_ids = itertools.count(1)
+
+
+class AcpWebSocket:
+    """The ``/acp`` endpoint: admission, then one ``Connection`` per accepted socket.
+
+    Args:
+        dispatcher: runs the frames.
+        auth: token check; the principal goes into every request's ``CallContext``.
+        origins: the ``Origin`` allowlist, checked before the token.
+        queue_size: outbound envelopes buffered per connection (``limits.max_connection_queue``).
+    """
+
+    def __init__(
+        self, dispatcher: Dispatcher, auth: Authenticator, origins: OriginPolicy, *, queue_size: int
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._auth = auth
+        self._origins = origins
+        self._queue_size = queue_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.serve(WebSocket(scope, receive, send))
+
+    async def serve(self, websocket: WebSocket) -> None:
+        """Admit (403 origin, then 401 token) and serve one socket until it closes."""
+        origin = websocket.headers.get("origin")
+        if not self._origins.allows(origin):
+            await _deny(websocket, 403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
+            return
+        try:
+            principal, subprotocol = self._auth.authenticate_websocket(
+                websocket.headers.get("authorization"), websocket.scope.get("subprotocols", ())
+            )
+        except Unauthorized as exc:
+            await _deny(websocket, 401, exc, {"WWW-Authenticate": "Bearer"})
+            return
+        await websocket.accept(subprotocol=subprotocol)
+        connection = Connection(websocket, self._dispatcher, principal, queue_size=self._queue_size)
+        await connection.run()
+
+
+async def _deny(
+    websocket: WebSocket, status: int, error: RpcError, headers: dict[str, str] | None = None
+) -> None:
+    """Refuse the upgrade with ``status`` and a JSON envelope body (ASGI denial-response
+    extension); servers without it can only answer a bare 403."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(rejection(status, error, headers))
+    else:
+        await websocket.close(1008)
+
+
+class Connection:
+    """One accepted socket: a reader loop, a bounded outbound queue and one writer task.
+
+    Args:
+        websocket: an accepted Starlette WebSocket.
+        dispatcher: runs each text frame.
+        principal: the authenticated name, passed to handlers.
+        queue_size: outbound envelopes that may wait for the writer; one more drops the client
+            with close code 1013.
+    """
+
+    def __init__(
+        self, websocket: WebSocket, dispatcher: Dispatcher, principal: str, *, queue_size: int
+    ) -> None:
+        self._ws = websocket
+        self._dispatcher = dispatcher
+        self._outbox_in, self._outbox = anyio.create_memory_object_stream[bytes](queue_size)
+        self._stream = EnvelopeStream(self._enqueue)
+        self._ctx = CallContext(principal, self._stream.notify, f"ws-{next(_ids)}")
+        self._scope = anyio.CancelScope()
+        self._close_code: int | None = None
+
+    async def run(self) -> None:
+        """Serve until the peer leaves or is dropped; in-flight handlers are then cancelled."""
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write_loop)
+                await self._read_loop(tg)
+                tg.cancel_scope.cancel()
+        self._outbox_in.close()
+        if self._close_code is not None:
+            await self._close(self._close_code)
+
+    async def _read_loop(self, tg: TaskGroup) -> None:
+        while True:
+            message = await self._ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:  # a binary frame: answer it and keep the socket (field-failures #4)
+                error = InvalidRequest("Invalid Request: binary frames are not supported; send text")
+                self._stream.reply(Reply.from_error(None, error))
+            else:
+                self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
+
+    async def _write_loop(self) -> None:
+        try:
+            async for envelope in self._outbox:
+                await self._ws.send({"type": "websocket.send", "text": envelope.decode()})
+        except _SEND_FAILURES:
+            log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
+            self._scope.cancel()
+
+    def _enqueue(self, envelope: bytes) -> None:
+        """The stream's sink: never blocks the handler that produced ``envelope``."""
+        try:
+            self._outbox_in.send_nowait(envelope)
+        except anyio.WouldBlock:
+            log.warning("%s: client is not reading; dropping it", self._ctx.connection_id)
+            self._close_code = CLOSE_OVERFLOW
+            self._outbox_in.close()
+            self._scope.cancel()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the connection is gone; a turn that outlives it keeps notifying into nothing
+
+    async def _close(self, code: int) -> None:
+        # The client is not reading, so the close frame may never leave: bounded, and shielded
+        # because this is teardown.
+        with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+            try:
+                await self._ws.close(code)
+            except _SEND_FAILURES:
+                pass
