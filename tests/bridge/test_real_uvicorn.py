@@ -230,6 +230,7 @@ def test_run_refuses_a_public_bind_without_a_token(handlers):
 
 
 RUN_SCRIPT = """
+from bridge.logs import configure; configure("info")
 from bridge.config import BridgeConfig
 from bridge.dispatch import Dispatcher
 from bridge.http_app import create_app
@@ -243,6 +244,7 @@ print("after run", flush=True)
 # The wiring the CLI can use: the dispatcher exists only inside the orchestrator's context.
 SERVE_SCRIPT = """
 import contextlib, anyio
+from bridge.logs import configure; configure("info")
 from bridge.config import BridgeConfig
 from bridge.dispatch import Dispatcher
 from bridge.http_app import create_app

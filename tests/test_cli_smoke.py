@@ -1,0 +1,65 @@
+"""The `make run` path: the real CLI starts, answers /api/ping, and exits 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_answers_ping_and_exits_0_on_sigterm(tmp_path):
+    port = free_port()
+    env = {**os.environ, "HOME": str(tmp_path), "XWORKMATE_AGENTS_DIR": str(tmp_path / "none"),
+           "PATH": os.path.dirname(sys.executable)}
+    proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        for line in proc.stderr:
+            if "Uvicorn running on" in line:
+                break
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ping", timeout=10) as response:
+            body = json.loads(response.read())
+        assert set(body) == {"status", "image", "tag", "commit", "version"} and body["status"] == "ok"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "BRIDGE_AUTH_TOKEN"}
+    done = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    assert done.returncode == 2
+    assert "token" in done.stderr.lower()
+
+
+def test_call_reports_a_transport_error_with_exit_code_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bridge.cli", "call", "acp.capabilities",
+                           "--url", f"http://127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert done.returncode == 2 and "cannot reach" in done.stderr
+
+
+def test_bad_config_names_the_key(tmp_path):
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text("port: 8787\nproviders:\n  mine:\n    command: x\n    permisionPolicy: allow\n")
+    done = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--config", str(cfg)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert done.returncode == 2
+    assert "providers.mine.permisionPolicy" in done.stderr and "unknown key" in done.stderr
