@@ -41,6 +41,7 @@ class ProviderRegistry:
         self._interval = probe_interval
         self._cheap: dict[str, tuple[float, ProbeResult]] = {}
         self._full: dict[str, ProbeResult] = {}
+        self._probing: dict[str, anyio.Event] = {}
 
     @property
     def ids(self) -> list[str]:
@@ -89,18 +90,33 @@ class ProviderRegistry:
     async def probe_all(self) -> dict[str, ProbeResult]:
         """Run every enabled provider's full probe concurrently; results are kept for ``status``."""
 
-        async def one(provider_id: str) -> None:
+        async def one(provider_id: str, finished: anyio.Event) -> None:
             try:
                 self._full[provider_id] = await self._adapters[provider_id].probe_full()
             except Exception as exc:  # a probe must never take the bridge down
                 log.warning("probe of %s failed: %s", provider_id, type(exc).__name__)
                 self._full[provider_id] = ProbeResult("error", type(exc).__name__)
+            finally:
+                finished.set()
+                self._probing.pop(provider_id, None)
 
         async with anyio.create_task_group() as tg:
             for provider_id in self._order:
                 if provider_id in self._enabled and self._adapters[provider_id].probe_cheap().available:
-                    tg.start_soon(one, provider_id)
+                    self._probing[provider_id] = finished = anyio.Event()
+                    tg.start_soon(one, provider_id, finished)
         return dict(self._full)
+
+    async def wait_probe(self, provider_id: str, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for a running full probe of ``provider_id``.
+
+        Some agents keep state in one database per home directory (opencode's SQLite file): a turn
+        that spawns a second process while the probe's is starting meets "database is locked".
+        """
+        finished = self._probing.get(provider_id)
+        if finished is not None:
+            with anyio.move_on_after(timeout):
+                await finished.wait()
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

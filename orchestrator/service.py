@@ -222,6 +222,7 @@ class Orchestrator:
         attachments: tuple[Attachment, ...], principal: str, notify: Notify, start: bool,
     ) -> dict[str, Any]:  # fmt: skip
         provider_id = resolution.resolved_provider_id
+        await self.registry.wait_probe(provider_id, self.timeouts.initialize_timeout)
         reset = await self._prepare_provider(session, provider_id, start)
         provider = session.provider_session
         assert provider is not None and self._tg is not None

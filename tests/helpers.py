@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Any, AsyncContextManager, AsyncIterator, TypeVar
+
+import anyio
+
+from bridge.config import BridgeConfig
+from bridge.server import BridgeServer, uvicorn_config
 
 T = TypeVar("T")
 
@@ -35,3 +41,24 @@ async def in_background(manager: AsyncContextManager[T]) -> AsyncIterator[T]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+@contextlib.asynccontextmanager
+async def real_server(config: BridgeConfig, app: Any) -> AsyncIterator[int]:
+    """Run ``app`` under the bridge's uvicorn settings on 127.0.0.1; yields the port.
+
+    The socket is bound and listening before uvicorn starts, so clients can connect at once
+    (the backlog holds them until uvicorn accepts): no readiness polling.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = BridgeServer(uvicorn_config(config.model_copy(update={"log_level": "warning"}), app))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: server.serve(sockets=[sock]))
+        try:
+            yield sock.getsockname()[1]
+        finally:
+            server.should_exit = True  # uvicorn checks it every 0.1 s, also during startup
+    sock.close()

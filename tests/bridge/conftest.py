@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from bridge.config import BridgeConfig
+from tests.helpers import real_server  # noqa: F401  (re-exported for the bridge tests)
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc.errors import InvalidParams
 from bridge.server import BridgeServer, uvicorn_config
@@ -118,22 +119,3 @@ def request(method: str, params: Any = None, id_: Any = 1) -> dict[str, Any]:
     return message
 
 
-@asynccontextmanager
-async def real_server(config: BridgeConfig, app: Any) -> AsyncIterator[int]:
-    """Run ``app`` under the bridge's uvicorn settings on 127.0.0.1; yields the port.
-
-    The socket is bound and listening before uvicorn starts, so clients can connect at once
-    (the backlog holds them until uvicorn accepts): no readiness polling.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    server = BridgeServer(uvicorn_config(config.model_copy(update={"log_level": "warning"}), app))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: server.serve(sockets=[sock]))
-        try:
-            yield sock.getsockname()[1]
-        finally:
-            server.should_exit = True  # uvicorn checks it every 0.1 s, also during startup
-    sock.close()
