@@ -1,0 +1,94 @@
+"""Configuration: file discovery, ${VAR}, environment overrides, named tokens, errors naming keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.config import ConfigError, load_config
+from bridge.wiring import provider_configs
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for var in ("BRIDGE_AUTH_TOKEN", "ACP_ALLOWED_ORIGINS", "BRIDGE_HOST", "BRIDGE_PORT", "BRIDGE_CONFIG_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_without_a_file():
+    config = load_config()
+    assert (config.host, config.port) == ("127.0.0.1", 8787)
+    assert config.allowed_origins == ["https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*"]
+    assert config.providers is None and config.auth_tokens == []
+
+
+def test_default_file_in_the_working_directory_is_read(tmp_path):
+    (tmp_path / "xworkmate-bridge.yaml").write_text("port: 9999\n")
+    assert load_config().port == 9999
+
+
+def test_env_overrides_file_and_flags_override_env(tmp_path, monkeypatch):
+    path = write(tmp_path, "port: 1111\nhost: 127.0.0.1\nauthTokens: [filetoken]\n")
+    monkeypatch.setenv("BRIDGE_PORT", "2222")
+    monkeypatch.setenv("BRIDGE_AUTH_TOKEN", "a-token,b-token")
+    monkeypatch.setenv("BRIDGE_HOST", "")  # empty values are ignored
+    config = load_config(path)
+    assert config.port == 2222 and config.host == "127.0.0.1"
+    assert [(t.name, t.token) for t in config.auth_tokens] == [("token-1", "a-token"), ("token-2", "b-token")]
+    assert load_config(path, {"port": 3333}).port == 3333
+
+
+def test_bridge_config_path_env_is_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_CONFIG_PATH", write(tmp_path, "port: 4444\n"))
+    assert load_config().port == 4444
+
+
+def test_named_and_unnamed_tokens(tmp_path):
+    config = load_config(write(tmp_path, "authTokens: [one-secret, {name: ci, token: two-secret}]\n"))
+    assert [(t.name, t.token) for t in config.auth_tokens] == [("token-1", "one-secret"), ("ci", "two-secret")]
+
+
+def test_variables_expand_and_a_missing_one_is_an_error_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_KEY", "k-123456")
+    config = load_config(write(tmp_path, "providers:\n  mine: {command: agent, env: {API_KEY: '${MY_KEY}'}}\n"))
+    assert config.providers["mine"].env["API_KEY"] == "k-123456"
+    with pytest.raises(ConfigError, match=r"providers\.mine\.env\.API_KEY: environment variable \$\{NOPE\}"):
+        load_config(write(tmp_path, "providers:\n  mine: {command: agent, env: {API_KEY: '${NOPE}'}}\n"))
+
+
+@pytest.mark.parametrize("text,key", [
+    ("prot: 1\n", "prot"),
+    ("port: many\n", "port"),
+    ("providers:\n  x: {command: a, permissionPolicy: maybe}\n", "providers.x.permissionPolicy"),
+    ("timeouts: {turnTimeout: -1}\n", "timeouts.turnTimeout"),
+    ("limits: {maxOutputBytes: big}\n", "limits.maxOutputBytes"),
+])
+def test_invalid_values_name_the_key(tmp_path, text, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert key in str(err.value)
+
+
+def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "port: [1\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_presets_merge_with_configured_entries(tmp_path):
+    config = load_config(write(tmp_path, "providers:\n  codex: {}\n  gemini: {model: gemini-2.5-flash}\n"))
+    entries, enabled = provider_configs(config)
+    assert entries["codex"].command == "codex-acp" and entries["gemini"].args == ["--acp"]
+    assert entries["gemini"].model == "gemini-2.5-flash" and enabled == {"codex", "gemini"}
+
+
+def test_a_custom_acp_provider_needs_a_command(tmp_path):
+    with pytest.raises(ConfigError, match=r"providers\.mine\.command"):
+        provider_configs(load_config(write(tmp_path, "providers:\n  mine: {label: Mine}\n")))
