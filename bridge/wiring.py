@@ -7,7 +7,6 @@ inherits the preset's command, args and label.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
@@ -18,8 +17,6 @@ from compat.base import ProviderAdapter
 from compat.settings import ProviderConfig
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
-
-_SECRET_KEY = re.compile(r"(?i)key|token|secret|password|credential")
 
 
 def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], set[str]]:
@@ -55,9 +52,6 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     entries, enabled = provider_configs(config)
     adapters: dict[str, ProviderAdapter] = {}
     for provider_id, entry in entries.items():
-        for key, value in entry.env.items():
-            if _SECRET_KEY.search(key):
-                register_secret(value)
         adapters[provider_id] = build_adapter(provider_id, entry, config)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}

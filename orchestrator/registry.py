@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from compat.base import ProbeResult, ProviderAdapter
 
@@ -117,6 +118,13 @@ class ProviderRegistry:
         if finished is not None:
             with anyio.move_on_after(timeout):
                 await finished.wait()
+
+    async def start(self, tg: TaskGroup) -> None:
+        """Start the adapters that run as services (``run(*, task_status)``: idle reaping)."""
+        for adapter in self._adapters.values():
+            run = getattr(adapter, "run", None)
+            if run is not None:
+                await tg.start(run)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

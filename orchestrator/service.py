@@ -67,6 +67,7 @@ class Orchestrator:
 
     async def __aenter__(self) -> Orchestrator:
         self._tg = await anyio.create_task_group().__aenter__()
+        await self.registry.start(self._tg)
         self._tg.start_soon(self.registry.probe_all)
         return self
 
@@ -313,12 +314,19 @@ class Orchestrator:
         queued = session.cancel_waiting()
         runner = session.current_turn
         if runner is not None and not runner.cancel_requested:
-            runner.cancel_permissions()
-            provider = session.provider_session
+            runner.cancel_requested = True  # new permission requests are refused from now on
             assert self._tg is not None
-            if provider is not None:
-                self._tg.start_soon(provider.cancel)
+            self._tg.start_soon(self._cancel_turn, session.provider_session, runner)
         return {"accepted": True, "cancelled": runner is not None or queued > 0}
+
+    async def _cancel_turn(self, provider: Any, runner: TurnRunner) -> None:
+        # ACP order: session/cancel goes out before pending permission requests are answered
+        # "cancelled" (the adapter answers its own); the client-facing ones are released after.
+        try:
+            if provider is not None:
+                await provider.cancel()
+        finally:
+            runner.cancel_permissions()
 
     async def close(self, session_id: str, principal: str) -> dict[str, Any]:
         """``session.close``: cancel, end the provider session and its process, forget the session."""

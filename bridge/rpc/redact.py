@@ -46,6 +46,19 @@ def register_secret(value: str | None) -> None:
         _secret_re = re.compile("|".join(re.escape(s) for s in ordered))
 
 
+_SECRET_NAME = re.compile(r"(?i)key|token|secret|passw|credential|auth")
+
+
+def register_env_secrets(env: dict[str, str]) -> None:
+    """Register the values of variables whose names look secret (``*_API_KEY``, ``*TOKEN`` …).
+
+    Other values (paths, flags) stay readable in diagnostics.
+    """
+    for name, value in env.items():
+        if _SECRET_NAME.search(name):
+            register_secret(value)
+
+
 def redact(text: str) -> str:
     """Return ``text`` with every known secret shape replaced by ``[REDACTED]``."""
     if not text:

@@ -1,0 +1,295 @@
+"""Local child processes for adapters: spawn in a process group, drain stderr, read bounded lines,
+terminate without leaving anything behind.
+
+Shared by every adapter that runs a local command (ACP agents, exec profiles). The rules come
+from field-failures.md: stderr is always drained into a bounded tail (#13), stdout lines are
+bounded and an unterminated final line is still delivered (#9), the child gets its own process
+group so a kill reaches launcher wrappers and grandchildren (#15), and every wait is bounded.
+
+The caller hosts the pumps: it runs :meth:`AgentProcess.pump_stderr` in a task group it owns and
+calls :meth:`AgentProcess.receive_line` from its reader. Between pumps, asyncio keeps buffering
+the pipes (up to about 128 KiB each), so a briefly idle reader never blocks the child.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+
+import anyio
+import anyio.abc
+import psutil
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from bridge.rpc.redact import redact, register_secret
+
+logger = logging.getLogger(__name__)
+
+ENV_ALLOW = (
+    "PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "SSL_CERT_FILE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+)  # fmt: skip
+ENV_ALLOW_PREFIXES = ("LC_", "XDG_")
+ENV_NEVER = frozenset({"BRIDGE_AUTH_TOKEN"})
+"""Never handed to a child, even when an operator lists it: it would let the agent drive us."""
+
+_SECRET_NAME = re.compile(r"(?i)key|token|secret|passw|credential|auth")
+_KILL_WAIT = 2.0  # seconds to wait for the leader after SIGKILL (it cannot ignore it)
+_PREVIEW_CHARS = 300
+
+
+class SpawnError(Exception):
+    """The command could not be started (not found, not executable, bad cwd)."""
+
+    def __init__(self, command: str, reason: str) -> None:
+        self.command = command
+        self.reason = reason
+        super().__init__(f"cannot start {command!r}: {reason}")
+
+
+class LineTooLong(Exception):
+    """A stdout line (or unterminated data) exceeded the configured bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"agent stdout line longer than {limit} bytes")
+
+
+def child_env(
+    env: Mapping[str, str] | None = None,
+    passthrough: Sequence[str] = (),
+    *,
+    parent: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Build a child environment from an allow-list instead of inheriting ours.
+
+    Args:
+        env: Provider ``env`` values; they win over inherited ones and are registered as secrets.
+        passthrough: Extra variable names copied from ``parent`` (provider ``envPassthrough``).
+        parent: The environment to copy from; defaults to ``os.environ``.
+
+    Returns:
+        The allow-listed variables, the passthrough names and ``env``, minus :data:`ENV_NEVER`.
+    """
+    parent = os.environ if parent is None else parent
+    out = {
+        name: value
+        for name, value in parent.items()
+        if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES)
+    }
+    for name in passthrough:
+        if name in parent:
+            out[name] = parent[name]
+            if _SECRET_NAME.search(name):
+                register_secret(parent[name])
+    for name, value in (env or {}).items():
+        out[name] = value
+        register_secret(value)
+    for name in ENV_NEVER:
+        out.pop(name, None)
+    return out
+
+
+async def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str],
+    max_line_bytes: int,
+    stderr_tail_bytes: int,
+    stdin_pipe: bool = True,
+) -> AgentProcess:
+    """Start ``argv`` in a new session (its own process group) with piped stdout and stderr.
+
+    Args:
+        argv: Command and arguments; ``argv[0]`` should already be resolved to a path.
+        cwd: Working directory, or None for ours.
+        env: The complete child environment (see :func:`child_env`).
+        max_line_bytes: Bound for one stdout line, in bytes (``Limits.max_agent_line_bytes``).
+        stderr_tail_bytes: How many trailing stderr bytes to keep (``Limits.stderr_tail_bytes``).
+        stdin_pipe: False gives the child ``/dev/null`` as stdin (exec profiles, field-failures #14).
+
+    Raises:
+        SpawnError: The command is missing, not executable, or ``cwd`` does not exist.
+    """
+    try:
+        process = await anyio.open_process(
+            list(argv),
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SpawnError(argv[0], exc.strerror or type(exc).__name__) from exc
+    logger.debug("spawned pid %d: %s", process.pid, redact(" ".join(argv)))
+    return AgentProcess(process, argv, max_line_bytes, stderr_tail_bytes)
+
+
+class AgentProcess:
+    """A spawned child and its pipes. Create with :func:`spawn`."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        argv: Sequence[str],
+        max_line_bytes: int,
+        stderr_tail_bytes: int,
+    ) -> None:
+        self.argv = tuple(argv)
+        self.pid = process.pid  # also the process-group id: start_new_session makes it a leader
+        self._process = process
+        assert process.stdout is not None and process.stderr is not None
+        self._stdout = BufferedByteReceiveStream(process.stdout)
+        self._max_line = max_line_bytes
+        self._tail = bytearray()
+        self._tail_bytes = stderr_tail_bytes
+        self._stderr_eof = anyio.Event()
+        self._terminate_lock = anyio.Lock()
+        self._terminated = False
+
+    @property
+    def returncode(self) -> int | None:
+        """The leader's exit status once it exited (negative: killed by that signal)."""
+        return self._process.returncode
+
+    def stderr_tail(self, max_bytes: int | None = None) -> str:
+        """The last ``max_bytes`` (default: all kept) bytes of stderr, decoded and redacted."""
+        data = bytes(self._tail if max_bytes is None else self._tail[-max_bytes:])
+        return redact(data.decode("utf-8", "replace"))
+
+    async def pump_stderr(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Drain stderr into the bounded tail until EOF; run it in the caller's task group."""
+        stream = self._process.stderr
+        assert stream is not None
+        task_status.started()
+        while True:
+            try:
+                chunk = await stream.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._stderr_eof.set()
+                return
+            self._tail += chunk
+            if len(self._tail) > self._tail_bytes:
+                del self._tail[: len(self._tail) - self._tail_bytes]
+            if logger.isEnabledFor(logging.DEBUG):
+                text = chunk[:_PREVIEW_CHARS].decode("utf-8", "replace")
+                logger.debug("pid %d stderr: %s", self.pid, redact(text))
+
+    async def wait_stderr_eof(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the stderr pump to see EOF."""
+        with anyio.move_on_after(timeout):
+            await self._stderr_eof.wait()
+        return self._stderr_eof.is_set()
+
+    async def receive_line(self) -> bytes:
+        """Read one stdout line without its ``\\n`` (and a trailing ``\\r``).
+
+        Raises:
+            LineTooLong: The line, or unterminated data, passed ``max_line_bytes``.
+            anyio.EndOfStream: stdout is closed and no data is left. An unterminated final line
+                is returned first.
+        """
+        try:
+            # limit + 1 lets a line of exactly `limit` bytes wait for its newline.
+            line = await self._stdout.receive_until(b"\n", self._max_line + 1)
+        except anyio.DelimiterNotFound:
+            raise LineTooLong(self._max_line) from None
+        except anyio.IncompleteRead:
+            line = self._stdout.buffer
+            if not line:
+                raise anyio.EndOfStream from None
+            await self._stdout.receive(len(line))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise anyio.EndOfStream from None
+        if len(line) > self._max_line:
+            raise LineTooLong(self._max_line)
+        return line[:-1] if line.endswith(b"\r") else line
+
+    async def send(self, data: bytes) -> None:
+        """Write to stdin. Callers serialize writes.
+
+        Raises:
+            anyio.BrokenResourceError: The child closed stdin or exited.
+        """
+        stdin = self._process.stdin
+        if stdin is None:
+            raise anyio.BrokenResourceError
+        try:
+            await stdin.send(data)
+        except (anyio.ClosedResourceError, OSError) as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for the leader to exit; return its status or None."""
+        with anyio.move_on_after(timeout):
+            return await self._process.wait()
+        return self._process.returncode
+
+    async def terminate(self, grace: float) -> int | None:
+        """End the child and everything it started, then release the pipes. Idempotent.
+
+        Sequence: close stdin; SIGTERM the process group and every descendant seen before the
+        signal (those that called ``setsid`` escaped the group); wait up to ``grace`` seconds for
+        the leader; SIGKILL whatever is left; wait (bounded) and close our pipe ends. Runs
+        shielded, so a cancelled caller still leaves nothing behind (field-failures #15).
+
+        Args:
+            grace: Seconds between SIGTERM and SIGKILL.
+
+        Returns:
+            The leader's exit status, or None if it could not be reaped within the bounds.
+        """
+        with anyio.CancelScope(shield=True):
+            async with self._terminate_lock:
+                if not self._terminated:
+                    await self._terminate(grace)
+                    self._terminated = True
+        return self.returncode
+
+    async def _terminate(self, grace: float) -> None:
+        # Snapshot first: once stdin closes the leader may exit, and its children are re-parented
+        # out of our reach (only the group signal would still find them).
+        victims = self._descendants()
+        await self._close_stdin()
+        self._signal(signal.SIGTERM, victims)
+        if await self.wait(grace) is None:
+            victims += self._descendants()
+        self._signal(signal.SIGKILL, victims)
+        if await self.wait(_KILL_WAIT) is None:
+            logger.warning("pid %d did not exit after SIGKILL", self.pid)
+            return
+        with anyio.move_on_after(_KILL_WAIT):
+            await self._process.aclose()  # closes our pipe ends; the leader is already reaped
+        logger.debug("pid %d ended with status %s", self.pid, self.returncode)
+
+    async def _close_stdin(self) -> None:
+        if self._process.stdin is not None:
+            with anyio.move_on_after(1.0), suppress(OSError, anyio.BrokenResourceError):
+                await self._process.stdin.aclose()
+
+    def _descendants(self) -> list[psutil.Process]:
+        if self.returncode is not None:
+            return []  # reaped: the pid may already belong to someone else
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _signal(self, sig: int, victims: list[psutil.Process]) -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        for proc in victims:
+            with suppress(psutil.Error):
+                proc.send_signal(sig)  # psutil checks the pid was not reused
