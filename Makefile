@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: run test agents install lint clean
+.PHONY: run test agents llmwiki install lint clean
 
 install: $(STAMP)
 
@@ -23,8 +23,12 @@ run: install
 agents:
 	bash scripts/install-agents.sh
 
+## llmwiki: install the pinned llmwiki-serve used by the knowledge-source tests (cached the same way)
+llmwiki:
+	bash scripts/install-llmwiki.sh >/dev/null
+
 ## test: install everything and run every test (inside a loopback-only network namespace when root)
-test: install agents
+test: install agents llmwiki
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
 clean:

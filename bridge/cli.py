@@ -53,13 +53,18 @@ def build_app(config: BridgeConfig) -> Any:
     from bridge.wiring import build_orchestrator
 
     orch = build_orchestrator(config)
+    mcp = None
+    if orch.knowledge is not None:
+        from bridge.mcp_server import create_mcp_app
+
+        mcp = create_mcp_app(orch.knowledge)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with orch:
+        async with orch, (mcp.lifespan() if mcp is not None else contextlib.nullcontext()):
             yield
 
-    return create_app(config, build_dispatcher(orch), lifespan=lifespan)
+    return create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

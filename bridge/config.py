@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.settings import Limits, ProviderConfig, Timeouts
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
@@ -48,6 +49,8 @@ class BridgeConfig(_Model):
     workspace_roots: list[str] = Field(default_factory=list)
     providers: dict[str, ProviderConfig] | None = None  # None: every preset found on PATH
     gateway: dict[str, Any] | None = None
+    knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
+    knowledge_sources: list[SourceDescriptor] | None = None  # None: the embedded documentation
     timeouts: Timeouts = Field(default_factory=Timeouts)
     limits: Limits = Field(default_factory=Limits)
     ws_ping_interval: float = Field(20.0, gt=0)

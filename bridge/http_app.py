@@ -59,6 +59,7 @@ def create_app(
     *,
     lifespan: Lifespan | None = None,
     bind_host: str | None = None,
+    mcp_app: Any = None,
 ) -> Starlette:
     """Build the bridge's Starlette app.
 
@@ -70,6 +71,7 @@ def create_app(
         bind_host: the address the server binds (default ``config.host``); with no token
             configured, requests are allowed only when it is loopback (or
             ``allowInsecureNoAuth``).
+        mcp_app: an ASGI app served at ``/mcp`` behind the same origin and token checks.
     """
     auth = Authenticator.from_config(config, bind_host=bind_host)
     origins = OriginPolicy(config.allowed_origins)
@@ -81,6 +83,8 @@ def create_app(
         Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours)
         WebSocketRoute("/acp", ws),
     ]
+    if mcp_app is not None:
+        routes.append(Route("/mcp", Guarded(mcp_app, auth, origins), methods=["GET", "POST", "DELETE"]))
     handlers = {404: _http_error, 405: _http_error}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=rpc.lifespan(lifespan))
 
@@ -251,6 +255,28 @@ class RpcEndpoint:
         if not replies:
             return Response(status_code=204, headers=headers)
         return Response(replies[0], headers=headers, media_type="application/json")
+
+
+class Guarded:
+    """Wraps an ASGI app with the bridge's origin (403, -32003) and token (401, -32001) checks."""
+
+    def __init__(self, app: Any, auth: Authenticator, origins: OriginPolicy) -> None:
+        self._app, self._auth, self._origins = app, auth, origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        origin = request.headers.get("origin")
+        if not self._origins.allows(origin):
+            response = rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
+        else:
+            try:
+                self._auth.authenticate(request.headers.get("authorization"))
+            except Unauthorized as exc:
+                response = rejection(401, exc, {"WWW-Authenticate": "Bearer"})
+            else:
+                await self._app(scope, receive, send)
+                return
+        await response(scope, receive, send)
 
 
 class _Detached:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.dispatch import CallContext, Dispatcher, Handler
+from bridge.rpc.errors import NotFound
+from compat.knowledge.settings import ReadParams, SourcesParams
 from orchestrator.models import GatewayParams, PermissionParams, ResolveParams, SessionRef, TurnParams
 from orchestrator.service import Orchestrator
 
@@ -23,6 +25,8 @@ METHODS = (
     "xworkmate.gateway.connect",
     "xworkmate.gateway.request",
     "xworkmate.gateway.disconnect",
+    "knowledge.sources",
+    "knowledge.read",
 )
 
 
@@ -67,8 +71,21 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
         GatewayParams.model_validate(params)
         return {"accepted": True}
 
+    async def knowledge_sources(params: dict[str, Any], ctx: CallContext) -> Any:
+        return await _knowledge().list_sources(SourcesParams.model_validate(params).probe)
+
+    async def knowledge_read(params: dict[str, Any], ctx: CallContext) -> Any:
+        read = ReadParams.model_validate(params)
+        return await _knowledge().read(read.source_id, read.path)
+
+    def _knowledge() -> Any:
+        if orch.knowledge is None:
+            raise NotFound("no knowledge sources are configured")
+        return orch.knowledge
+
     handlers = dict(zip(METHODS, (capabilities, routing_resolve, start, message, cancel, close, permission,
-                                  gateway_connect, gateway_request, gateway_disconnect)))  # fmt: skip
+                                  gateway_connect, gateway_request, gateway_disconnect,
+                                  knowledge_sources, knowledge_read)))  # fmt: skip
     return handlers
 
 

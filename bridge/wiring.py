@@ -7,6 +7,7 @@ inherits the preset's command, args and label.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
@@ -14,17 +15,22 @@ from bridge.config import BridgeConfig, ConfigError
 from bridge.methods import METHODS
 from bridge.rpc.redact import register_secret
 from compat.base import ProviderAdapter
+from compat.knowledge.service import KnowledgeService
 from compat.settings import ProviderConfig
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
 
 
 def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], set[str]]:
-    """The effective provider entries and the ids that are enabled."""
+    """The effective provider entries and the ids that are enabled.
+
+    With no ``providers`` key: every ACP preset, plus the embedded ``knowledge`` provider.
+    """
     from compat.presets import PRESETS
 
     if config.providers is None:
-        return dict(PRESETS), set(PRESETS)
+        entries = {**PRESETS, "knowledge": ProviderConfig(type="knowledge", label="Knowledge")}
+        return entries, set(entries)
     entries: dict[str, ProviderConfig] = {}
     for provider_id, entry in config.providers.items():
         preset = PRESETS.get(provider_id)
@@ -37,25 +43,48 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
     return entries, {i for i, e in entries.items() if e.enabled}
 
 
-def build_adapter(provider_id: str, entry: ProviderConfig, config: BridgeConfig) -> ProviderAdapter:
+def build_adapter(
+    provider_id: str, entry: ProviderConfig, config: BridgeConfig, knowledge: KnowledgeService
+) -> ProviderAdapter:
     if entry.type == "acp":
         from compat.acp import AcpAdapter
 
         return AcpAdapter(provider_id, entry, config.limits, config.timeouts)
+    if entry.type == "knowledge":
+        from compat.knowledge.adapter import KnowledgeAdapter
+
+        unknown = [s for s in entry.sources or [] if s not in knowledge.descriptors]
+        if unknown:
+            raise ConfigError(f"providers.{provider_id}.sources: unknown knowledge source {unknown[0]!r}")
+        return KnowledgeAdapter(provider_id, knowledge, label=entry.label, sources=entry.sources)
     raise ConfigError(f"providers.{provider_id}.type: '{entry.type}' providers are not supported by this build yet")
 
 
+def build_knowledge(config: BridgeConfig) -> KnowledgeService:
+    try:
+        return KnowledgeService(config.knowledge, config.knowledge_sources, config.roots())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def build_orchestrator(config: BridgeConfig) -> Orchestrator:
-    """Everything the transports need behind the method table; use it with ``async with``."""
+    """Everything the transports need behind the method table; use it with ``async with``.
+
+    The knowledge service is entered and left with the orchestrator (``orch.knowledge``).
+    """
     for named in config.auth_tokens:
         register_secret(named.token)
+    if config.knowledge.runtime.api_key_env:
+        register_secret(os.environ.get(config.knowledge.runtime.api_key_env))
+    knowledge = build_knowledge(config)
     entries, enabled = provider_configs(config)
     adapters: dict[str, ProviderAdapter] = {}
     for provider_id, entry in entries.items():
-        adapters[provider_id] = build_adapter(provider_id, entry, config)
+        adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}
     return Orchestrator(
         registry, config.roots(), config.limits, config.timeouts,
         gateway_configured=bool(config.gateway), bridge_info=info, methods=list(METHODS),
+        knowledge=knowledge,
     )  # fmt: skip

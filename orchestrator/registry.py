@@ -51,6 +51,9 @@ class ProviderRegistry:
     def get(self, provider_id: str) -> ProviderAdapter | None:
         return self._adapters.get(provider_id)
 
+    def category(self, provider_id: str) -> str:
+        return self._adapters[provider_id].info.category
+
     def status(self, provider_id: str) -> ProbeResult:
         if provider_id not in self._enabled:
             return ProbeResult("error", "disabled by configuration")

@@ -177,13 +177,17 @@ def _skills(inp: RoutingInput, res: Resolution) -> None:
     res.skill_install_request_id = "skill-install:" + ",".join(missing)
 
 
-def resolve(inp: RoutingInput, available: Sequence[str], gateway_configured: bool) -> Resolution:
+def resolve(
+    inp: RoutingInput, available: Sequence[str], gateway_configured: bool,
+    auto_available: Sequence[str] | None = None,
+) -> Resolution:  # fmt: skip
     """Resolve a route.
 
     Args:
         inp: the prompt and the ``routing`` object.
-        available: ids of providers that can run now, in catalog order.
+        available: ids of providers that can run now, in catalog order (explicit choices).
         gateway_configured: whether an OpenClaw gateway is configured.
+        auto_available: the providers auto routing may pick (default ``available``).
 
     Returns:
         A Resolution; ``unavailable_code`` is ``PROVIDER_UNAVAILABLE`` or
@@ -206,8 +210,9 @@ def resolve(inp: RoutingInput, available: Sequence[str], gateway_configured: boo
             res.unavailable_code = "PROVIDER_UNAVAILABLE"
             res.unavailable_message = f"explicit provider is unavailable: {inp.explicit_provider_id}"
         return res
-    if available:
-        res.resolved_provider_id = available[0]
+    candidates = available if auto_available is None else auto_available
+    if candidates:
+        res.resolved_provider_id = candidates[0]
     else:
         res.unavailable_code = "PROVIDER_UNAVAILABLE"
         res.unavailable_message = "no single-agent provider is available"

@@ -53,7 +53,7 @@ class Orchestrator:
     def __init__(
         self, registry: ProviderRegistry, roots: list[Path], limits: Limits, timeouts: Timeouts,
         *, gateway_configured: bool = False, bridge_info: dict[str, Any] | None = None,
-        methods: list[str] | None = None,
+        methods: list[str] | None = None, knowledge: Any = None,
     ) -> None:  # fmt: skip
         self.registry = registry
         self.roots = roots
@@ -62,10 +62,13 @@ class Orchestrator:
         self.gateway_configured = gateway_configured
         self.bridge_info = bridge_info or {}
         self.methods = methods or []
+        self.knowledge = knowledge  # the knowledge service (an async context manager), if any
         self._sessions: dict[str, Session] = {}
         self._tg: TaskGroup | None = None
 
     async def __aenter__(self) -> Orchestrator:
+        if self.knowledge is not None:
+            await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
         await self.registry.start(self._tg)
         self._tg.start_soon(self.registry.probe_all)
@@ -79,7 +82,12 @@ class Orchestrator:
                     await self._end_provider_session(session)
             await self.registry.aclose()
         self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(*exc_info)
+        try:
+            await self._tg.__aexit__(*exc_info)
+        finally:
+            if self.knowledge is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                    await self.knowledge.__aexit__(None, None, None)
 
     # ---- capabilities and routing ---------------------------------------------------------------
 
@@ -103,7 +111,10 @@ class Orchestrator:
 
     def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:
         inp = RoutingInput.from_params(prompt, routing, model)
-        return resolve(inp, self.registry.available(), self.gateway_configured)
+        available = self.registry.available()
+        # Auto routing picks a knowledge provider only when it is the only one available.
+        agents = [p for p in available if self.registry.category(p) != "knowledge"] or available
+        return resolve(inp, available, self.gateway_configured, auto_available=agents)
 
     def resolve(self, params: ResolveParams) -> dict[str, Any]:
         return self._route(params.task_prompt, params.routing, params.model).to_wire()
@@ -169,6 +180,11 @@ class Orchestrator:
         if resolution.unavailable:
             return {**base, "success": False, "status": "unavailable", **resolution.to_wire()}
         ticket = session.admit(start=start)
+        try:
+            await self._preflight(resolution.resolved_provider_id, params)
+        except BaseException:
+            session.release(ticket)
+            raise
         done = anyio.Event()
         box: dict[str, Any] = {}
 
@@ -193,6 +209,16 @@ class Orchestrator:
         if box.get("result") is None:
             raise RuntimeError("turn task failed")
         return box["result"]
+
+    async def _preflight(self, provider_id: str, params: TurnParams) -> None:
+        """Let the provider reject params before the turn exists (no turnId, no updates).
+
+        Raises:
+            InvalidParams: -32602 from the provider (e.g. ``RETRIEVAL_MODE_UNSUPPORTED``).
+        """
+        preflight = getattr(self.registry.get(provider_id), "preflight", None)
+        if preflight is not None:
+            await preflight(params.extra_params())
 
     def _cancelled_before_start(self, base: dict[str, Any], resolution: Resolution) -> dict[str, Any]:
         return {

@@ -97,6 +97,8 @@ TURN_ERROR_CODES: dict[str, str] = {
     "OUTPUT_LIMIT": "The turn's output passed maxOutputBytes; output so far is kept.",
     "GATEWAY_NOT_CONFIGURED": "The gateway target was chosen but no gateway is configured.",
     "PROVIDER_UNAVAILABLE": "The provider cannot run (command not found, disabled).",
+    "KNOWLEDGE_SOURCES_FAILED": "Every selected knowledge source failed; the runtime was not called.",
+    "RUNTIME_FAILED": "The knowledge runtime (an OpenAI-compatible model) failed; evidence is kept.",
     "CANCELLED": "The turn was cancelled by session.cancel or session.close.",
     "INTERNAL_ERROR": "The bridge failed unexpectedly; see its log.",
 }

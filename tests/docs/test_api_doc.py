@@ -13,6 +13,7 @@ from bridge.config import BridgeConfig
 from bridge.methods import METHODS
 from bridge.rpc.codec import loads
 from bridge.rpc.errors import RPC_ERRORS, TURN_ERROR_CODES
+from compat.knowledge.settings import KnowledgeSettings, KnowledgeTurnParams, ReadParams, SourceDescriptor
 from orchestrator import models
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
@@ -29,6 +30,8 @@ MODELS = {
     "permission-params": models.PermissionParams,
     "gateway-params": models.GatewayParams,
     "update-done": models.SessionUpdate,
+    "knowledge-turn-params": KnowledgeTurnParams,
+    "knowledge-read-params": ReadParams,
 }
 
 
@@ -57,6 +60,13 @@ def test_config_example_is_a_valid_configuration(monkeypatch):
     from bridge.config import _expand
 
     BridgeConfig.model_validate(_expand(yaml.safe_load(EXAMPLES["config"][1]), ""))
+
+
+def test_knowledge_config_example_is_valid():
+    data = yaml.safe_load(EXAMPLES["knowledge-config"][1])
+    KnowledgeSettings.model_validate(data["knowledge"])
+    for source in data["knowledgeSources"]:
+        SourceDescriptor.model_validate(source)
 
 
 def test_rpc_error_table_matches_the_code():

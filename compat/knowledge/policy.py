@@ -1,0 +1,106 @@
+"""Which sources a request may bring (``knowledge.requestSources``).
+
+Request sources are off by default. When on, each must use an allowed protocol; its URL must be
+absolute http(s), carry no credentials and lie within ``allowedOrigins`` (``http://host:*``
+allows any port); a ``local-wiki`` root must lie inside the workspace roots. Ids must be unique.
+Every refusal is -32602 with ``data.field`` and ``data.reason``, raised before the turn starts.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from bridge.rpc.errors import InvalidParams
+from compat.knowledge.errors import invalid_params
+from compat.knowledge.settings import RequestSourcesPolicy, SourceDescriptor
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+    except ValueError:
+        return None
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    return parts.scheme, parts.hostname.lower(), port
+
+
+def origin_allowed(url: str, allowed: Sequence[str]) -> bool:
+    """Whether ``url``'s origin matches one of ``allowed`` (exact, or ``scheme://host:*``)."""
+    mine = _origin(url)
+    if mine is None:
+        return False
+    for entry in allowed:
+        any_port = entry.endswith(":*")
+        theirs = _origin(entry[:-2] if any_port else entry)
+        if theirs and theirs[:2] == mine[:2] and (any_port or theirs[2] == mine[2]):
+            return True
+    return False
+
+
+def _refuse(message: str, field: str, reason: str) -> InvalidParams:
+    return InvalidParams(message, field=field, reason=reason)
+
+
+def _check_url(desc: SourceDescriptor, field: str, policy: RequestSourcesPolicy) -> None:
+    url = desc.url or ""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise _refuse("source url must be an absolute http(s) URL", field, "SOURCE_URL_INVALID")
+    if parts.username is not None or parts.password is not None:
+        raise _refuse("source url must not include credentials", field, "SOURCE_URL_CREDENTIALS")
+    if not origin_allowed(url, policy.allowed_origins):
+        raise _refuse("source url is outside knowledge.requestSources.allowedOrigins", field,
+                      "SOURCE_ORIGIN_NOT_ALLOWED")  # fmt: skip
+
+
+def _check_root(desc: SourceDescriptor, field: str, roots: Sequence[Path]) -> SourceDescriptor:
+    real = Path(os.path.expanduser(desc.root or "")).resolve()
+    if not any(real == root or root in real.parents for root in roots) or not real.is_dir():
+        raise _refuse("local-wiki root must be a folder inside the workspace roots", field, "SOURCE_ROOT_NOT_ALLOWED")
+    return desc.model_copy(update={"root": str(real)})
+
+
+def request_sources(raw: list[dict[str, Any]], policy: RequestSourcesPolicy,
+                    roots: Sequence[Path]) -> list[SourceDescriptor]:  # fmt: skip
+    """Validate the ``knowledgeSources`` param.
+
+    Raises:
+        InvalidParams: -32602 (``reason``: REQUEST_SOURCES_DISABLED, PROTOCOL_NOT_ALLOWED,
+            SOURCE_URL_INVALID, SOURCE_URL_CREDENTIALS, SOURCE_ORIGIN_NOT_ALLOWED,
+            SOURCE_ROOT_NOT_ALLOWED, DUPLICATE_SOURCE_ID, or field errors).
+    """
+    if raw and not policy.enabled:
+        raise _refuse("knowledgeSources in requests are disabled (knowledge.requestSources.enabled)",
+                      "knowledgeSources", "REQUEST_SOURCES_DISABLED")  # fmt: skip
+    out: list[SourceDescriptor] = []
+    seen: dict[str, int] = {}
+    for index, item in enumerate(raw):
+        field = f"knowledgeSources.{index}"
+        try:
+            desc = SourceDescriptor.model_validate(item)
+        except ValidationError as exc:
+            raise invalid_params(exc, field) from exc
+        if desc.id in seen:
+            raise InvalidParams(f"duplicate knowledge source id {desc.id!r} at positions {seen[desc.id] + 1} and "
+                                f"{index + 1}", field=f"{field}.id", reason="DUPLICATE_SOURCE_ID")  # fmt: skip
+        seen[desc.id] = index
+        if desc.protocol not in policy.protocols:
+            raise _refuse(f"protocol {desc.protocol} is not allowed for request sources", f"{field}.protocol",
+                          "PROTOCOL_NOT_ALLOWED")  # fmt: skip
+        if desc.protocol == "local-wiki":
+            desc = _check_root(desc, f"{field}.root", roots)
+        else:
+            _check_url(desc, f"{field}.url", policy)
+        out.append(desc)
+    return out

@@ -1,0 +1,237 @@
+"""The delegated runtime: llmwiki-agent-bridge's evidence prompt (§2.7) and a streaming
+OpenAI-compatible ``/chat/completions`` client.
+
+The request is one system prompt, the conversation history (user/assistant only, the last 12
+messages, each cut at 6,000 characters, alternating, starting with user), then one user message
+``# User question\\n<question>\\n\\n# LLMWiki evidence bundle\\n<compact JSON>``. The bundle's key
+order is fixed; graph nodes and source bundles are deliberately not in it. A golden test pins the
+whole request.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import anyio
+import httpx
+
+from bridge.rpc.redact import register_secret
+from compat.knowledge.evidence import Evidence
+from compat.knowledge.settings import RuntimeSettings
+
+SYSTEM_PROMPT = " ".join((
+    "You are answering through a local LLMWiki Agent Bridge.",
+    "Answer in grounded markdown using only the provided LLMWiki evidence.",
+    "Every factual claim that relies on evidence must include markdown citation anchors near the claim, "
+    "formatted exactly as [n](#citation-n).",
+    "Use n as the 1-based index of the matching item in the evidence bundle citations array; do not use "
+    "citationDigest order or sourceRefs for numbering.",
+    "When one claim needs several sources, include several anchors after that claim.",
+    "If evidence is incomplete or a source failed, state the limitation plainly.",
+    "Do not expose API keys, request headers, or bridge internals.",
+))  # fmt: skip
+HISTORY_LIMIT = 12
+HISTORY_CHARS = 6000
+DIGEST_LIMIT = 8
+MAX_ANSWER_CHARS = 256 * 1024
+_WORD = re.compile(r"\w+")
+
+
+class RuntimeFailure(Exception):
+    """The runtime call failed; ``reason``: timeout, connect, http_status, invalid_json, too_large,
+    upstream_error, empty_answer, not_configured."""
+
+    def __init__(self, reason: str, http_status: int | None = None) -> None:
+        self.reason, self.http_status = reason, http_status
+        super().__init__(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptContext:
+    question: str
+    session_id: str
+    thread_id: str
+    turn_id: str
+
+
+def compact(value: Any) -> str:
+    """JSON like JavaScript's ``JSON.stringify``: no spaces, non-ASCII kept."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def conversation(history: Sequence[tuple[str, str]], question: str) -> list[dict[str, str]]:
+    """The history to send: user/assistant turns only, alternating, starting with user and ending
+    with assistant, the last ``HISTORY_LIMIT`` messages, each cut at ``HISTORY_CHARS``."""
+    kept: list[dict[str, str]] = []
+    for role, content in history:
+        if role not in ("user", "assistant") or not content:
+            continue
+        message = {"role": role, "content": content[:HISTORY_CHARS]}
+        if kept and kept[-1]["role"] == role:
+            kept[-1] = message  # forced alternation: the later of two same-role messages wins
+        else:
+            kept.append(message)
+    if kept and kept[-1]["role"] == "user" and kept[-1]["content"].strip() == question.strip():
+        kept.pop()
+    while kept and kept[-1]["role"] == "user":
+        kept.pop()
+    kept = kept[-HISTORY_LIMIT:]
+    while kept and kept[0]["role"] != "user":
+        kept.pop(0)
+    return kept
+
+
+def _relevance(citation: dict[str, Any], terms: list[str], phrase: str) -> int:
+    title, path, snippet = (str(citation.get(k) or "").lower() for k in ("title", "path", "snippet"))
+    score = sum(8 * (t in title) + 5 * (t in path) + (t in snippet) for t in terms)
+    if phrase:
+        score += 18 * (phrase in title) + 12 * (phrase in path) + 4 * (phrase in snippet)
+    return score + (40 if title and title in phrase else 0)
+
+
+def citation_digest(citations: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
+    """At most 8 citations re-ranked by relevance to the question (stable for ties)."""
+    terms = [w for w in dict.fromkeys(w.lower() for w in _WORD.findall(question)) if len(w) > 2]
+    phrase = " ".join(_WORD.findall(question.lower()))
+    ranked = sorted(citations, key=lambda c: -_relevance(c, terms, phrase))[:DIGEST_LIMIT]
+    return [{"id": c["id"], "title": c["title"], "path": c.get("path"), "snippet": c["snippet"][:320],
+             "sourceRefs": c.get("sourceRefs", [])} for c in ranked]  # fmt: skip
+
+
+def evidence_bundle(evidence: Evidence, ctx: PromptContext, history_length: int) -> dict[str, Any]:
+    """The ``llmwiki-agent-bridge.answer-evidence.v1`` bundle, keys in the pinned order."""
+    pages = sum(int(s.get("pageCount") or 0) for s in evidence.sources)
+    approved = sum(int(s.get("approvedPageCount") or 0) for s in evidence.sources)
+    return {
+        "schema": "llmwiki-agent-bridge.answer-evidence.v1",
+        "runtimeContract": {
+            "citations": "Use the top-level citations array as the only citation anchor source.",
+            "graph": "Graph and source bundle details are returned in the bridge artifact and source tools, "
+                     "not in this answer prompt.",
+        },
+        "conversationContext": {
+            "schema": "llmwiki-agent-bridge.conversation-context.v1", "threadId": ctx.thread_id,
+            "sessionId": ctx.session_id, "turnId": ctx.turn_id, "messageCount": history_length + 1,
+            "historyLength": history_length, "historyLimit": HISTORY_LIMIT,
+        },
+        "citationDigest": citation_digest(evidence.citations, ctx.question),
+        "citations": evidence.citations,
+        "sources": evidence.sources,
+        "sourceFailures": evidence.failures,
+        "mergedGraphSummary": {"nodeCount": len(evidence.nodes), "edgeCount": len(evidence.edges),
+                               "corpusPageCount": pages, "corpusApprovedPageCount": approved},
+        "mergedCorpusSummary": {"sourceCount": len(evidence.sources), "pageCount": pages, "approvedPageCount": approved,
+                                "sources": [{"id": s["id"], "name": s["name"], "pageCount": s.get("pageCount"),
+                                             "approvedPageCount": s.get("approvedPageCount")}
+                                            for s in evidence.sources]},
+        "citationCount": len(evidence.citations),
+    }  # fmt: skip
+
+
+def build_request(settings: RuntimeSettings, evidence: Evidence, ctx: PromptContext,
+                  history: Sequence[tuple[str, str]]) -> dict[str, Any]:  # fmt: skip
+    """The chat-completions request body (streaming)."""
+    past = conversation(history, ctx.question)
+    bundle = evidence_bundle(evidence, ctx, len(past))
+    user = f"# User question\n{ctx.question}\n\n# LLMWiki evidence bundle\n{compact(bundle)}"
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *past, {"role": "user", "content": user}]
+    return {"model": settings.model, "messages": messages, "temperature": 0.2, "stream": True}
+
+
+def endpoint(settings: RuntimeSettings) -> str:
+    base = (settings.base_url or "").rstrip("/")
+    return base if base.endswith("/chat/completions") else base + "/chat/completions"
+
+
+def _headers(settings: RuntimeSettings) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept": "text/event-stream, application/json"}
+    key = os.environ.get(settings.api_key_env or "", "").strip() if settings.api_key_env else ""
+    if key:
+        register_secret(key)
+        headers["authorization"] = f"Bearer {key}"
+    return headers
+
+
+def _text_of(choice: Any, key: str) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    part = choice.get(key) if isinstance(choice.get(key), dict) else {}
+    content = part.get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else str(choice.get("text") or "")
+
+
+async def complete(settings: RuntimeSettings, body: dict[str, Any], on_delta: Callable[[str], None]) -> str:
+    """POST ``body`` and stream the answer to ``on_delta`` as it arrives; returns the whole text.
+
+    Accepts an SSE stream (``chat.completion.chunk``) or a plain JSON completion. Bounded by
+    ``settings.timeout_seconds`` overall and ``MAX_ANSWER_CHARS``.
+
+    Raises:
+        RuntimeFailure: the call failed or produced no text.
+    """
+    if not settings.configured:
+        raise RuntimeFailure("not_configured")
+    parts: list[str] = []
+
+    def emit(text: str) -> None:
+        if text and sum(map(len, parts)) < MAX_ANSWER_CHARS:
+            parts.append(text)
+            on_delta(text)
+
+    try:
+        with anyio.fail_after(settings.timeout_seconds):
+            async with httpx.AsyncClient(follow_redirects=False, timeout=settings.timeout_seconds) as client:
+                async with client.stream("POST", endpoint(settings), json=body, headers=_headers(settings)) as resp:
+                    if resp.status_code != 200:
+                        raise RuntimeFailure("http_status", resp.status_code)
+                    if "text/event-stream" in resp.headers.get("content-type", ""):
+                        await _read_sse(resp, emit)
+                    else:
+                        emit(_text_of(_choice(json.loads(await _read_capped(resp))), "message"))
+    except TimeoutError as exc:
+        raise RuntimeFailure("timeout") from exc
+    except httpx.TimeoutException as exc:
+        raise RuntimeFailure("timeout") from exc
+    except httpx.HTTPError as exc:
+        raise RuntimeFailure("connect") from exc
+    except ValueError as exc:
+        raise RuntimeFailure("invalid_json") from exc
+    text = "".join(parts)
+    if not text.strip():
+        raise RuntimeFailure("empty_answer")
+    return text
+
+
+def _choice(payload: Any) -> Any:
+    if not isinstance(payload, dict) or payload.get("error"):
+        raise RuntimeFailure("upstream_error")
+    choices = payload.get("choices")
+    return choices[0] if isinstance(choices, list) and choices else {}
+
+
+async def _read_capped(resp: httpx.Response) -> bytes:
+    body = bytearray()
+    async for chunk in resp.aiter_bytes():
+        body += chunk
+        if len(body) > 4 * MAX_ANSWER_CHARS:
+            raise RuntimeFailure("too_large")
+    return bytes(body)
+
+
+async def _read_sse(resp: httpx.Response, emit: Callable[[str], None]) -> None:
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        if data:
+            emit(_text_of(_choice(json.loads(data)), "delta"))

@@ -1,0 +1,245 @@
+"""A folder of Markdown pages parsed and indexed in SQLite FTS5 (the ``local-wiki`` source's core).
+
+Pages are ``*.md`` / ``*.markdown`` files under the root (hidden files and folders, symlinks that
+leave the root, and files over ``max_file_bytes`` are skipped). A page's id is its relative path
+without the extension (``ops/billing/refund-policy``). Front-matter is read with
+python-frontmatter; a broken front-matter block is treated as page text. Ranking is FTS5's own
+``bm25()`` (title weighted above body); ``refresh`` re-parses only files whose modification time
+or size changed and drops deleted ones. Drafts (``draft: true`` or ``review_state: draft``) are
+withheld, as llmwiki-serve does.
+
+Thread-safe: every method takes the index lock (callers run them in a worker thread).
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import frontmatter
+
+SUFFIXES = (".md", ".markdown")
+SUMMARY_CHARS = 360
+RRF_K = 60
+_WIKILINK = re.compile(r"\[\[([^\]|#\n]+)(?:#[^\]|\n]*)?(?:\|[^\]\n]*)?\]\]")
+_MDLINK = re.compile(r"\]\(([^)\s]+?\.md)(?:#[^)]*)?\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.MULTILINE)
+_TAG = re.compile(r"(?<![\w#&/])#([A-Za-z][\w-]{0,63})")
+_WORD = re.compile(r"\w+")
+STOPWORDS = frozenset("""a an and are as at be by can do does for from has have how i in is it me my of on or
+should so that the this to was what when where which who why will with you your""".split())
+_SCHEMA = """
+CREATE TABLE pages (id TEXT PRIMARY KEY, path TEXT, title TEXT, summary TEXT, meta TEXT, body TEXT,
+                    links TEXT, tags TEXT, headings TEXT, role TEXT, draft INTEGER, mtime_ns INTEGER, size INTEGER);
+CREATE VIRTUAL TABLE pages_fts USING fts5(id UNINDEXED, title, body, tokenize='porter unicode61');
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    id: str
+    path: str  # relative, POSIX, with extension
+    title: str
+    summary: str
+    front_matter: dict[str, Any]
+    body: str
+    links: tuple[str, ...]  # raw link targets, unresolved
+    tags: tuple[str, ...]
+    headings: tuple[str, ...]
+    role: str  # index | hot | topic
+    draft: bool
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str, ensure_ascii=False))
+
+
+def _first_paragraph(body: str) -> str:
+    for block in re.split(r"\n\s*\n", body):
+        lines = [ln for ln in block.strip().splitlines() if not ln.lstrip().startswith("#")]
+        text = " ".join(" ".join(lines).split())
+        if text:
+            return text
+    return ""
+
+
+def plain(text: str) -> str:
+    """Markdown made readable on one line: wikilinks to their labels, heading marks dropped."""
+    text = re.sub(r"\[\[([^\]|]+)\|([^\]]+)\]\]", r"\2", text)
+    text = re.sub(r"\[\[([^\]]+)\]\]", r"\1", text)
+    text = re.sub(r"(?m)^#{1,6}\s+", "", text)
+    return " ".join(text.split())
+
+
+def parse_page(rel_path: str, text: str) -> Page:
+    """Parse one page; ``rel_path`` is POSIX and relative to the wiki root."""
+    try:
+        post = frontmatter.loads(text)
+        meta, body = _json_safe(dict(post.metadata)), post.content
+    except Exception:  # a broken YAML block is page text, not a reason to drop the page
+        meta, body = {}, text
+    if not isinstance(meta, dict):
+        meta = {}
+    pure = PurePosixPath(rel_path)
+    page_id = str(pure.with_suffix(""))
+    headings = tuple(m.group(2).strip() for m in _HEADING.finditer(body))[:64]
+    title = meta.get("title") if isinstance(meta.get("title"), str) else None
+    title = (title or (headings[0] if headings else "") or pure.stem).strip()
+    summary = meta.get("summary") if isinstance(meta.get("summary"), str) else None
+    summary = plain(summary or _first_paragraph(body))[:SUMMARY_CHARS]
+    links = tuple(dict.fromkeys(m.group(1).strip() for m in [*_WIKILINK.finditer(body), *_MDLINK.finditer(body)]))
+    raw_tags = meta.get("tags") or []
+    tags = [raw_tags] if isinstance(raw_tags, str) else [t for t in raw_tags if isinstance(t, str)]
+    tags = tuple(dict.fromkeys([*tags, *(m.group(1) for m in _TAG.finditer(body))]))
+    state = str(meta.get("review_state") or meta.get("state") or "").lower()
+    role = {"index": "index", "hot": "hot"}.get(page_id, "topic")
+    return Page(page_id, rel_path, title, summary, meta, body, links, tags, headings, role,
+                meta.get("draft") is True or state == "draft")  # fmt: skip
+
+
+def fts_terms(text: str, limit: int = 16) -> list[str]:
+    """Search terms of a natural-language question: lower-cased words minus stop words."""
+    words = [w.lower() for w in _WORD.findall(text)]
+    kept = [w for w in words if w not in STOPWORDS and (len(w) > 1 or not w.isascii())]
+    return list(dict.fromkeys(kept or words))[:limit]
+
+
+def fts_query(text: str, literal: bool = False) -> str | None:
+    """An FTS5 MATCH expression: any term (lexical) or the exact phrase (literal)."""
+    if literal:
+        return '"' + text.strip().replace('"', '""') + '"' if text.strip() else None
+    terms = fts_terms(text)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms) or None
+
+
+class WikiIndex:
+    """The parsed pages of one folder and their FTS5 index (in memory)."""
+
+    def __init__(self, root: Path, *, max_files: int = 5000, max_file_bytes: int = 1024 * 1024) -> None:
+        self.root = root
+        self.max_files = max_files
+        self.max_file_bytes = max_file_bytes
+        self.generation = 0  # bumps whenever a page changes
+        self.truncated = False
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(":memory:", check_same_thread=False)
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _scan(self) -> dict[str, os.stat_result]:
+        found: dict[str, os.stat_result] = {}
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.startswith(".") or not name.lower().endswith(SUFFIXES):
+                    continue
+                full = Path(dirpath, name)
+                try:
+                    real, stat = full.resolve(), full.stat()
+                except OSError:
+                    continue
+                if not real.is_relative_to(self.root) or stat.st_size > self.max_file_bytes:
+                    continue
+                if len(found) >= self.max_files:
+                    self.truncated = True
+                    return found
+                found[full.relative_to(self.root).as_posix()] = stat
+        self.truncated = False
+        return found
+
+    def refresh(self) -> None:
+        """Re-index pages whose mtime or size changed; drop pages whose file is gone."""
+        if not self.root.is_dir():
+            raise FileNotFoundError("wiki root is not a folder")
+        files = self._scan()
+        with self._lock:
+            known = {row[0]: (row[1], row[2]) for row in self._db.execute("SELECT path, mtime_ns, size FROM pages")}
+            changed = [p for p, st in files.items() if known.get(p) != (st.st_mtime_ns, st.st_size)]
+            gone = [p for p in known if p not in files]
+            for rel in gone:
+                self._delete(rel)
+            for rel in changed:
+                self._upsert(rel, files[rel])
+            if changed or gone:
+                self.generation += 1
+                self._db.commit()
+
+    def _delete(self, rel: str) -> None:
+        self._db.execute("DELETE FROM pages_fts WHERE id IN (SELECT id FROM pages WHERE path = ?)", (rel,))
+        self._db.execute("DELETE FROM pages WHERE path = ?", (rel,))
+
+    def _upsert(self, rel: str, stat: os.stat_result) -> None:
+        try:
+            text = (self.root / rel).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        page = parse_page(rel, text)
+        self._delete(rel)
+        self._db.execute("DELETE FROM pages_fts WHERE id = ?", (page.id,))
+        self._db.execute(
+            "INSERT OR REPLACE INTO pages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (page.id, rel, page.title, page.summary, json.dumps(page.front_matter, ensure_ascii=False), page.body,
+             json.dumps(page.links), json.dumps(page.tags), json.dumps(page.headings), page.role, int(page.draft),
+             stat.st_mtime_ns, stat.st_size),
+        )  # fmt: skip
+        if not page.draft:
+            self._db.execute("INSERT INTO pages_fts VALUES (?,?,?)", (page.id, page.title, page.body))
+
+    def _page(self, row: tuple[Any, ...]) -> Page:
+        pid, path, title, summary, meta, body, links, tags, headings, role, draft = row[:11]
+        return Page(pid, path, title, summary, json.loads(meta), body, tuple(json.loads(links)),
+                    tuple(json.loads(tags)), tuple(json.loads(headings)), role, bool(draft))  # fmt: skip
+
+    def get(self, page_id: str) -> Page | None:
+        """A servable page by id or relative path (drafts are withheld)."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM pages WHERE (id = ? OR path = ?) AND draft = 0",
+                                   (page_id, page_id)).fetchone()  # fmt: skip
+        return self._page(row) if row else None
+
+    def pages(self) -> list[Page]:
+        """Every servable page, ordered by path."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM pages WHERE draft = 0 ORDER BY path").fetchall()
+        return [self._page(r) for r in rows]
+
+    def counts(self) -> tuple[int, int]:
+        """``(page_count, servable_page_count)``."""
+        with self._lock:
+            total, drafts = self._db.execute("SELECT count(*), coalesce(sum(draft), 0) FROM pages").fetchone()
+        return total, total - drafts
+
+    def search(self, match: str, limit: int, snippet_tokens: int = 32) -> list[tuple[str, float, str]]:
+        """``[(page_id, score, snippet)]`` best first; score is ``-bm25`` (higher is better)."""
+        sql = ("SELECT id, bm25(pages_fts, 0.0, 5.0, 1.0) AS rank, snippet(pages_fts, 2, '', '', '…', ?) "
+               "FROM pages_fts WHERE pages_fts MATCH ? ORDER BY rank LIMIT ?")  # fmt: skip
+        with self._lock:
+            try:
+                rows = self._db.execute(sql, (max(1, min(64, snippet_tokens)), match, limit)).fetchall()
+            except sqlite3.OperationalError:  # an expression FTS5 refuses is a query with no hit
+                return []
+        return [(pid, float(f"{-rank:.6g}"), snip) for pid, rank, snip in rows]
+
+    def search_fused(self, matches: list[str], limit: int, snippet_tokens: int) -> list[tuple[str, float, str]]:
+        """Several expressions fused by reciprocal rank (1 / (60 + rank)), like llmwiki-serve's variants."""
+        if len(matches) == 1:
+            return self.search(matches[0], limit, snippet_tokens)
+        scores: dict[str, float] = {}
+        snippets: dict[str, str] = {}
+        for match in matches:
+            for rank, (pid, _, snip) in enumerate(self.search(match, limit, snippet_tokens), start=1):
+                scores[pid] = scores.get(pid, 0.0) + 1.0 / (RRF_K + rank)
+                snippets.setdefault(pid, snip)
+        best = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        return [(pid, round(score, 6), snippets[pid]) for pid, score in best]

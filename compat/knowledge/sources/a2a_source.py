@@ -1,0 +1,165 @@
+"""The ``a2a`` source: an A2A agent that answers with an ``llmwiki_context`` artifact.
+
+The agent card is fetched (``<url>/.well-known/agent-card.json`` unless ``url`` is the card) and
+parsed by the official ``a2a-sdk``. A card that advertises A2A v1 interfaces
+(``supportedInterfaces``) is called through the SDK client with a user message of a text part
+and a data part ``{query, retrieval?}``. llmwiki-serve's legacy compat card has no
+``supportedInterfaces``; through the SDK's 0.3 compat client its ``llmwiki_context`` artifact
+would be lost, so it is called as the original bridge does: ``POST <url>/message:send`` with
+``{"data": {"query", "retrieval"?}}`` (§1.14, §2.2). A2A sources only offer ``context``.
+
+``a2a-sdk`` is imported on first use.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from compat.knowledge.errors import SourceError, SourceUnsupported
+from compat.knowledge.settings import SourceDescriptor
+from compat.knowledge.sources.base import (
+    Capabilities, RoutedRetrieval, capabilities_from, fallback_capabilities, http_client, request_json,
+)  # fmt: skip
+
+CARD_PATH = "/.well-known/agent-card.json"
+CARD_TTL_SECONDS = 30.0
+ARTIFACT = "llmwiki_context"
+
+
+@dataclass(frozen=True, slots=True)
+class CardInfo:
+    raw: dict[str, Any]
+    card: Any  # a2a.types.a2a_pb2.AgentCard
+    legacy: bool
+    fetched_at: float
+
+
+def card_capabilities(raw: dict[str, Any]) -> list[str]:
+    """Capability strings a card advertises: ``capabilities`` (a list), ``metadata.capabilities``,
+    ``metadata.llmwiki.capabilities`` and ``capabilities.extensions[].uri``."""
+    found: list[Any] = []
+    caps, meta = raw.get("capabilities"), raw.get("metadata")
+    if isinstance(caps, list):
+        found += caps
+    if isinstance(caps, dict) and isinstance(caps.get("extensions"), list):
+        found += [e.get("uri") for e in caps["extensions"] if isinstance(e, dict)]
+    if isinstance(meta, dict):
+        found += meta.get("capabilities") if isinstance(meta.get("capabilities"), list) else []
+        llmwiki = meta.get("llmwiki") if isinstance(meta.get("llmwiki"), dict) else {}
+        found += llmwiki.get("capabilities") if isinstance(llmwiki.get("capabilities"), list) else []
+    return [c for c in found if isinstance(c, str)]
+
+
+def context_from(response: dict[str, Any]) -> dict[str, Any]:
+    """The context pack inside an A2A answer: the ``llmwiki_context`` artifact's data part first,
+    then any artifact's data part, then a data part of the message."""
+    task = response.get("task") if isinstance(response.get("task"), dict) else response
+    artifacts = [a for a in task.get("artifacts") or [] if isinstance(a, dict)]
+    ordered = [a for a in artifacts if a.get("name") == ARTIFACT] + [a for a in artifacts if a.get("name") != ARTIFACT]
+    message = response.get("message") or (task.get("status") or {}).get("message") or {}
+    for holder in [*ordered, message if isinstance(message, dict) else {}]:
+        for part in holder.get("parts") or []:
+            if isinstance(part, dict) and isinstance(part.get("data"), dict):
+                return part["data"]
+    raise SourceError("invalid_json", f"returned no {ARTIFACT} artifact")
+
+
+class A2aSource:
+    """An A2A agent at ``descriptor.url`` (its base URL, or its agent card's URL)."""
+
+    def __init__(self, descriptor: SourceDescriptor, *, timeout_s: float) -> None:
+        self.descriptor = descriptor
+        url = (descriptor.url or "").rstrip("/")
+        self._card_url = url if url.endswith("agent-card.json") else url + CARD_PATH
+        self._base = url[: -len(CARD_PATH)] if url.endswith(CARD_PATH) else url
+        self._timeout = timeout_s
+        self._client = http_client(timeout_s)
+        self._info: CardInfo | None = None
+
+    async def card(self) -> CardInfo:
+        """The agent card (cached ``CARD_TTL_SECONDS``), parsed by the a2a-sdk."""
+        if self._info is not None and time.monotonic() - self._info.fetched_at < CARD_TTL_SECONDS:
+            return self._info
+        from a2a.client.card_resolver import parse_agent_card
+
+        raw = await request_json(self._client, "GET", self._card_url)
+        if not isinstance(raw, dict):
+            raise SourceError("invalid_json", "returned an agent card that is not an object")
+        try:
+            card = parse_agent_card(dict(raw))
+        except Exception as exc:  # the SDK raises protobuf ParseError and friends
+            raise SourceError("invalid_json", "returned an invalid agent card") from exc
+        self._info = CardInfo(raw, card, "supportedInterfaces" not in raw, time.monotonic())
+        return self._info
+
+    async def discover(self) -> Capabilities:
+        strings = card_capabilities((await self.card()).raw)
+        if strings:
+            return capabilities_from(strings, self.descriptor, None)
+        return fallback_capabilities(self.descriptor, None)
+
+    async def context(self, question: str, routed: RoutedRetrieval) -> dict[str, Any]:
+        info = await self.card()
+        data: dict[str, Any] = {"query": question}
+        if (intent := routed.intent()) is not None:
+            data["retrieval"] = intent
+        if info.legacy:
+            response = await request_json(self._client, "POST", self._base + "/message:send", json={"data": data})
+            if not isinstance(response, dict):
+                raise SourceError("invalid_json", "returned an answer that is not an object")
+            return context_from(response)
+        return await self._send_v1(info, question, data)
+
+    async def _send_v1(self, info: CardInfo, question: str, data: dict[str, Any]) -> dict[str, Any]:
+        from a2a.client import ClientConfig, ClientFactory
+        from a2a.helpers.proto_helpers import new_data_part
+        from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
+        from google.protobuf.json_format import MessageToDict
+
+        message = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()),
+                          parts=[Part(text=question), new_data_part(data)])  # fmt: skip
+        events: list[dict[str, Any]] = []
+        try:
+            with anyio.fail_after(self._timeout):
+                factory = ClientFactory(ClientConfig(httpx_client=self._client, streaming=False))
+                async with factory.create(info.card) as client:
+                    async for event in client.send_message(SendMessageRequest(message=message)):
+                        events.append(MessageToDict(event))
+        except TimeoutError as exc:
+            raise SourceError("timeout", "did not answer in time") from exc
+        except Exception as exc:  # SDK client errors (transport, JSON-RPC, protobuf)
+            raise SourceError("upstream_error", "failed the A2A call") from exc
+        for event in reversed(events):
+            try:
+                return context_from(event)
+            except SourceError:
+                continue
+        raise SourceError("invalid_json", f"returned no {ARTIFACT} artifact")
+
+    async def source_bundle(self) -> dict[str, Any] | None:
+        return None
+
+    async def search(self, query: str, routed: RoutedRetrieval) -> list[dict[str, Any]]:
+        raise SourceUnsupported("search")
+
+    async def read_page(self, page_id: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        raise SourceUnsupported("read")
+
+    async def graph(self, limit: int) -> dict[str, Any]:
+        raise SourceUnsupported("graph")
+
+    async def neighbors(self, seeds: list[str], depth: int, direction: str, limit: int) -> dict[str, Any]:
+        raise SourceUnsupported("graph neighbors")
+
+    async def pages(self) -> tuple[list[dict[str, Any]], bool]:
+        raise SourceUnsupported("tree reads")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,166 @@
+"""The one Protocol every knowledge source implements, and the values sources exchange.
+
+A source answers in llmwiki-serve's shapes (shared/reference/knowledge-sources.md §1): a context
+pack ``{wiki_title, orientation, evidence, limitations, graph{nodes, edges}, …}`` for
+``context``, ``[{page_id, title, path, score, snippet, …}]`` for ``search``, a page
+``{id, title, path, text, summary, frontmatter, links, …}`` for ``read_page`` and
+``{nodes, edges}`` for the graph calls. The engine and the service only ever see these shapes.
+
+Also here: the bounded JSON reader the HTTP-based sources share (no redirects, size-capped).
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from compat.knowledge.errors import SourceError
+from compat.knowledge.settings import SourceDescriptor
+
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+RETRIEVAL_V1 = "llmwiki_retrieval_v1"
+GUIDED_LEXICAL_V1 = "llmwiki_agent_guided_lexical_v1"
+MODE_PREFIX = "llmwiki_search_mode_"
+KNOWN_CAPABILITIES = frozenset({RETRIEVAL_V1, GUIDED_LEXICAL_V1} | {
+    MODE_PREFIX + m for m in ("lexical", "literal", "vector", "hybrid")})  # fmt: skip
+PAGE_LIST_LIMIT = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a source advertises. ``origin``: ``fresh`` (asked now), ``descriptor``, ``none``."""
+
+    values: frozenset[str] = frozenset()
+    origin: Literal["fresh", "descriptor", "none"] = "none"
+    bundle: dict[str, Any] | None = None  # the source bundle read during discovery, if any
+    error: SourceError | None = None  # why fresh discovery failed
+
+    def has(self, capability: str) -> bool:
+        """Exact, case-sensitive membership."""
+        return capability in self.values
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedRetrieval:
+    """The retrieval a source receives after gating. ``mode`` None = plain lexical request."""
+
+    mode: str | None = None
+    limit: int = 8
+    snippet_chars: int | None = None
+    fields: tuple[str, ...] | None = None
+    exclude_page_ids: tuple[str, ...] = ()
+    query_variants: tuple[str, ...] = ()
+    fallback_diagnostic: dict[str, Any] | None = field(default=None, compare=False)
+
+    def llmwiki_body(self, query: str) -> dict[str, Any]:
+        """The llmwiki-serve ``/query``/``/search`` body (snake_case, §1.7)."""
+        body: dict[str, Any] = {"query": query, "limit": self.limit}
+        if self.mode is None:
+            return body
+        body["mode"] = self.mode
+        optional = {"snippet_chars": self.snippet_chars, "fields": list(self.fields) if self.fields else None,
+                    "exclude_page_ids": list(self.exclude_page_ids) or None,
+                    "query_variants": list(self.query_variants) or None}  # fmt: skip
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return body
+
+    def intent(self) -> dict[str, Any] | None:
+        """The camelCase ``llmwiki.retrieval.v1`` intent (for A2A agents), or None when plain."""
+        if self.mode is None:
+            return None
+        search: dict[str, Any] = {"limit": self.limit}
+        if self.snippet_chars:
+            search["snippetChars"] = self.snippet_chars
+        if self.fields:
+            search["fields"] = list(self.fields)
+        if self.exclude_page_ids:
+            search["excludePageIds"] = list(self.exclude_page_ids)
+        if self.query_variants:
+            search["queryVariants"] = list(self.query_variants)
+        return {"schemaVersion": "llmwiki.retrieval.v1", "searchMode": self.mode, "fallback": "lexical",
+                "search": search}  # fmt: skip
+
+
+class KnowledgeSource(Protocol):
+    """A knowledge source. Every call is bounded by the source's timeout and raises
+    ``SourceError`` (``SourceUnsupported`` for an operation the protocol lacks)."""
+
+    descriptor: SourceDescriptor
+
+    async def discover(self) -> Capabilities:
+        """Ask the source what it advertises (uncached; the service caches)."""
+        ...
+
+    async def context(self, question: str, routed: RoutedRetrieval) -> dict[str, Any]:
+        """A context pack for ``question``."""
+        ...
+
+    async def search(self, query: str, routed: RoutedRetrieval) -> list[dict[str, Any]]: ...
+
+    async def read_page(self, page_id: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        """A page, or None when unknown or withheld. ``options``: ``query, sections, max_chars, fields``."""
+        ...
+
+    async def graph(self, limit: int) -> dict[str, Any]: ...
+
+    async def neighbors(self, seeds: list[str], depth: int, direction: str, limit: int) -> dict[str, Any]: ...
+
+    async def source_bundle(self) -> dict[str, Any] | None: ...
+
+    async def pages(self) -> tuple[list[dict[str, Any]], bool]:
+        """Every page ``{id, title, summary}`` (summary may be empty) and whether the list was cut."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def capabilities_from(strings: Any, descriptor: SourceDescriptor, bundle: dict[str, Any] | None) -> Capabilities:
+    """Fresh capabilities from a list of strings read from the source."""
+    values = frozenset(s.strip() for s in strings if isinstance(s, str)) if isinstance(strings, list) else frozenset()
+    return Capabilities(values, "fresh", bundle)
+
+
+def fallback_capabilities(descriptor: SourceDescriptor, error: SourceError | None) -> Capabilities:
+    """When the source cannot be asked: the descriptor's claim, if any."""
+    if descriptor.capabilities:
+        return Capabilities(frozenset(descriptor.capabilities), "descriptor", None, error)
+    return Capabilities(frozenset(), "none", None, error)
+
+
+def http_client(timeout_s: float) -> httpx.AsyncClient:
+    """An httpx client for one source: redirects are never followed, every phase is bounded."""
+    return httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(timeout_s),
+                             limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
+                             headers={"accept": "application/json"})  # fmt: skip
+
+
+async def request_json(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> Any:
+    """Send one request and decode its JSON body (at most ``MAX_RESPONSE_BYTES``).
+
+    Raises:
+        SourceError: ``timeout``, ``connect``, ``http_status`` (any non-2xx, redirects included),
+            ``too_large`` or ``invalid_json``.
+    """
+    try:
+        async with client.stream(method, url, **kwargs) as response:
+            if not 200 <= response.status_code < 300:
+                raise SourceError("http_status", f"returned HTTP {response.status_code}",
+                                  http_status=response.status_code)  # fmt: skip
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_RESPONSE_BYTES:
+                    raise SourceError("too_large", "returned a response over the size limit")
+    except httpx.TimeoutException as exc:
+        raise SourceError("timeout", "did not answer in time") from exc
+    except httpx.HTTPError as exc:
+        raise SourceError("connect", "could not be reached") from exc
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise SourceError("invalid_json", "returned invalid JSON") from exc

@@ -1,0 +1,126 @@
+"""The local-wiki source and ``knowledge.read`` over a nested folder tree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bridge.rpc.errors import InvalidParams, NotFound
+from compat.knowledge.service import KnowledgeService
+from compat.knowledge.settings import SourceDescriptor
+from compat.knowledge.sources.base import RoutedRetrieval
+from compat.knowledge.sources.local_wiki import LocalWikiSource
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def wiki_source(root: Path, interval: float = 0.0) -> LocalWikiSource:
+    descriptor = SourceDescriptor(id="wiki", protocol="local-wiki", root=str(root))
+    return LocalWikiSource(descriptor, refresh_interval=interval)
+
+
+def service_over(root: Path) -> KnowledgeService:
+    return KnowledgeService(sources=[SourceDescriptor(id="wiki", label="Acme", protocol="local-wiki", root=str(root))])
+
+
+async def test_search_ranks_with_fts5_bm25_and_withholds_drafts(wiki_copy: Path) -> None:
+    source = wiki_source(wiki_copy)
+    hits = await source.search("What approval do refunds over 500 USD need?", RoutedRetrieval())
+    assert hits[0]["page_id"] == "ops/billing/refund-policy"
+    assert hits[0]["score"] > hits[-1]["score"]
+    assert await source.search("database migration", RoutedRetrieval()) == []
+    assert await source.search("SECRET-DRAFT-CANARY", RoutedRetrieval(mode="literal")) == []
+    assert await source.read_page("eng/draft-migration", {}) is None
+    await source.aclose()
+
+
+async def test_literal_mode_matches_the_exact_phrase_only(wiki_copy: Path) -> None:
+    source = wiki_source(wiki_copy)
+    assert [h["page_id"] for h in await source.search("finance lead", RoutedRetrieval(mode="literal"))] == [
+        "ops/billing/refund-policy"]
+    assert await source.search("lead finance", RoutedRetrieval(mode="literal")) == []
+    await source.aclose()
+
+
+async def test_unicode_names_and_missing_front_matter_are_served(wiki_copy: Path) -> None:
+    source = wiki_source(wiki_copy)
+    [hit] = await source.search("快速开始", RoutedRetrieval())
+    assert hit["page_id"] == "guides/入门/快速开始"
+    page = await source.read_page("eng/no-frontmatter", {})
+    assert page is not None and page["title"] == "Plain Page Without Front Matter"
+    assert page["frontmatter"] == {} and page["summary"].startswith("This page has no front matter")
+    await source.aclose()
+
+
+async def test_a_cycle_of_wikilinks_is_walked_once(wiki_copy: Path) -> None:
+    source = wiki_source(wiki_copy)
+    near = await source.neighbors(["eng/cycle-a"], 4, "both", 50)
+    assert [n["id"] for n in near["nodes"]] == ["page:eng/cycle-a", "page:eng/cycle-b"]
+    assert {(e["source"], e["target"]) for e in near["edges"]} == {
+        ("page:eng/cycle-a", "page:eng/cycle-b"), ("page:eng/cycle-b", "page:eng/cycle-a")}
+    graph = await source.graph(500)
+    assert {"id": "placeholder:missing-page"}.items() <= next(
+        n for n in graph["nodes"] if n["id"] == "placeholder:missing-page").items()
+    await source.aclose()
+
+
+async def test_a_changed_page_is_reindexed_and_a_deleted_one_dropped(wiki_copy: Path) -> None:
+    source = wiki_source(wiki_copy)
+    assert await source.search("kumquat", RoutedRetrieval()) == []
+    page = wiki_copy / "ops" / "incident-runbook.md"
+    page.write_text(page.read_text() + "\nEscalate kumquat incidents to the duty manager.\n")
+    stat = page.stat()
+    os.utime(page, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert [h["page_id"] for h in await source.search("kumquat", RoutedRetrieval())] == ["ops/incident-runbook"]
+    page.unlink()
+    assert await source.search("kumquat", RoutedRetrieval()) == []
+    await source.aclose()
+
+
+async def test_read_root_lists_folders_then_pages_with_summaries(wiki_copy: Path) -> None:
+    async with service_over(wiki_copy) as service:
+        root = await service.read("wiki", "/")
+    assert root["kind"] == "folder" and root["title"] == "Acme Ops Wiki"  # index.md is the root's content
+    assert root["content"].startswith("# Acme Ops Wiki")
+    assert [c["path"] for c in root["children"]] == ["/eng", "/guides", "/ops", "/hot"]
+    ops = next(c for c in root["children"] if c["path"] == "/ops")
+    assert ops["title"] == "Operations" and ops["summary"] == "How the operations team handles billing and incidents."
+    assert root["truncated"] is False
+
+
+async def test_read_walks_down_a_nested_unicode_tree(wiki_copy: Path) -> None:
+    async with service_over(wiki_copy) as service:
+        guides = await service.read("wiki", "/guides")
+        folder = await service.read("wiki", "/guides/入门")
+        page = await service.read("wiki", "/guides/入门/快速开始")
+        ops = await service.read("wiki", "/ops")
+    assert [c["path"] for c in guides["children"]] == ["/guides/入门"]
+    assert folder["children"] == [{"path": "/guides/入门/快速开始", "kind": "page", "title": "快速开始",
+                                   "summary": "新成员的第一天指南。"}]
+    assert page["kind"] == "page" and page["frontMatter"]["summary"] == "新成员的第一天指南。"
+    assert "oncall" in page["content"] and page["children"] == []
+    assert ops["title"] == "Operations" and "/ops/README" not in [c["path"] for c in ops["children"]]
+
+
+async def test_an_unknown_path_is_not_found_with_the_nearest_parent(wiki_copy: Path) -> None:
+    async with service_over(wiki_copy) as service:
+        with pytest.raises(NotFound) as caught:
+            await service.read("wiki", "/ops/billing/nope/deeper")
+        with pytest.raises(NotFound) as unknown_source:
+            await service.read("nope", "/")
+        with pytest.raises(InvalidParams):
+            await service.read("wiki", "/ops/../etc")
+    assert caught.value.to_error()["code"] == -32004
+    assert caught.value.data["nearestParent"] == "/ops/billing"
+    assert unknown_source.value.data["sourceId"] == "nope"
+
+
+async def test_sources_list_readiness_without_absolute_roots(wiki_copy: Path) -> None:
+    async with service_over(wiki_copy) as service:
+        listing = await service.list_sources()
+    [entry] = listing["sources"]
+    assert entry["ready"] is True and "llmwiki_search_mode_lexical" in entry["capabilities"]
+    assert entry["pageCount"] == 12 and entry["approvedPageCount"] == 11
+    assert str(wiki_copy) not in repr(listing)
