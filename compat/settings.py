@@ -67,3 +67,4 @@ class ProviderConfig(_Model):
     model: str | None = None
     model_flag: str | None = None  # e.g. "-m": apply a model at launch when the agent has no ACP way
     enabled: bool = True
+    sources: list[str] | None = None  # knowledge providers: the source ids to use (default all)
