@@ -77,8 +77,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     _setup_logging(config.log_level)
     check_exposure(config)
+    app = build_app(config)
     log.info("xworkmate-bridge %s listening on http://%s:%s", __version__, config.host, config.port)
-    run(config, build_app(config))
+    run(config, app)
     return 0
 
 
@@ -107,14 +108,16 @@ def cmd_call(args: argparse.Namespace) -> int:
     try:
         params = orjson.loads(args.params) if args.params else {}
     except orjson.JSONDecodeError as exc:
-        print(f"xworkmate-bridge call: PARAMS_JSON is not valid JSON: {exc}", file=sys.stderr)
+        print(f"xworkmate-bridge call: params is not valid JSON: {exc}", file=sys.stderr)
         return 2
     if not isinstance(params, dict):
-        print("xworkmate-bridge call: PARAMS_JSON must be a JSON object", file=sys.stderr)
+        print("xworkmate-bridge call: params must be a JSON object", file=sys.stderr)
         return 2
     reply = anyio.run(lambda: call(args.url, args.method, params, token=args.token,
                                    on_notification=_print if args.stream else None))  # fmt: skip
     _print(reply)
+    if "error" in reply and reply["error"].get("code") == -32001:
+        _explain(reply["error"])
     return 0 if _succeeded(reply) else 1
 
 
@@ -137,19 +140,34 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.model:
         params["model"] = args.model
 
+    shown = {"text": ""}
+
     def show(note: dict[str, Any]) -> None:
         update = note.get("params") or {}
-        if update.get("type") == "delta":
-            sys.stdout.write(update.get("delta", ""))
+        kind = update.get("type")
+        if kind == "delta":
+            shown["text"] = update.get("delta", "")
+            sys.stdout.write(shown["text"])
             sys.stdout.flush()
+        elif kind in ("tool_call", "permission") or (kind == "status" and update.get("event") == "started"):
+            title = (update.get("toolCall") or {}).get("title") or update.get("message") or kind
+            print(f"[{kind}] {title}", file=sys.stderr, flush=True)  # progress, kept off stdout
+
+    async def run() -> dict[str, Any]:
+        try:
+            return await call(args.url, "session.start", params, token=args.token, on_notification=show)
+        finally:  # the agent process should not outlive the command (it would idle for idleTimeout)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await _quietly(call(args.url, "session.close", {"sessionId": params["sessionId"]},
+                                    token=args.token, timeout=10))  # fmt: skip
 
     started = time.monotonic()
-    reply = anyio.run(lambda: call(args.url, "session.start", params, token=args.token, on_notification=show))
+    reply = anyio.run(run)
     seconds = time.monotonic() - started
-    sys.stdout.write("\n")
+    if shown["text"] and not shown["text"].endswith("\n"):
+        sys.stdout.write("\n")
     if "error" in reply:
-        err = reply["error"]
-        print(f"error {err.get('code')}: {err.get('message')}", file=sys.stderr)
+        _explain(reply["error"])
         return 1
     result = reply.get("result") or {}
     summary = (f"[{result.get('status')}] turnId={result.get('turnId')} "
@@ -157,9 +175,25 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if result.get("status") == "unavailable":
         summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
     elif result.get("error"):
-        summary += f" {result['error'].get('code')}: {result['error'].get('message')}"
+        error = result["error"]
+        summary += f" {error.get('code')}: {error.get('message')}"
+        if (error.get("data") or {}).get("hint"):
+            summary += f"\nhint: {error['data']['hint']}"
     print(summary)
     return 0 if result.get("success") else 1
+
+
+async def _quietly(call: Any) -> None:
+    try:
+        await call
+    except Exception:  # closing is best effort: the bridge may already be gone
+        pass
+
+
+def _explain(error: dict[str, Any]) -> None:
+    print(f"error {error.get('code')}: {error.get('message')}", file=sys.stderr)
+    if error.get("code") == -32001:
+        print("hint: pass --token or set BRIDGE_AUTH_TOKEN to one of the bridge's tokens", file=sys.stderr)
 
 
 def cmd_providers(args: argparse.Namespace) -> int:
@@ -168,7 +202,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
 
         reply = anyio.run(lambda: call(args.url, "acp.capabilities", {}, token=args.token, timeout=30))
         if "error" in reply:
-            _print(reply)
+            _explain(reply["error"])
             return 1
         catalog = reply["result"]["providerCatalog"]
         summary = {p["providerId"]: p for p in reply["result"]["providerProbeSummary"]}
@@ -199,42 +233,44 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     url = _env("BRIDGE_URL") or DEFAULT_URL
     token = _env("BRIDGE_AUTH_TOKEN")
+    config_help = "YAML configuration (default: $BRIDGE_CONFIG_PATH, else ./xworkmate-bridge.yaml)"
+
+    def client_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--url", default=url, help="the bridge, http://… or ws://… (default: $BRIDGE_URL or %(default)s)")
+        p.add_argument("--token", default=token, help="bearer token (default: $BRIDGE_AUTH_TOKEN)")
 
     p = sub.add_parser("serve", help="run the HTTP/WebSocket server")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--config")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; off loopback a token is required)")
+    p.add_argument("--port", type=int, help="port (default 8787)")
+    p.add_argument("--config", help=config_help)
     p.add_argument("--allow-insecure-no-auth", action="store_true",
                    help="allow listening off loopback with no token (unsafe)")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("acp-stdio", help="serve the same methods over stdin/stdout")
-    p.add_argument("--config")
+    p.add_argument("--config", help=config_help)
     p.set_defaults(func=cmd_acp_stdio)
 
     p = sub.add_parser("call", help="send one request and print the response")
-    p.add_argument("method")
-    p.add_argument("params", nargs="?")
-    p.add_argument("--url", default=url)
-    p.add_argument("--token", default=token)
+    p.add_argument("method", help="e.g. acp.capabilities")
+    p.add_argument("params", nargs="?", help="the params, a JSON object")
+    client_options(p)
     p.add_argument("--stream", action="store_true", help="also print each notification as it arrives")
     p.set_defaults(func=cmd_call)
 
     p = sub.add_parser("chat", help="run one turn and print the agent's streamed text")
     p.add_argument("prompt")
-    p.add_argument("--provider")
-    p.add_argument("--model")
-    p.add_argument("--cwd")
-    p.add_argument("--url", default=url)
-    p.add_argument("--token", default=token)
+    p.add_argument("--provider", help="provider id (see `providers`); default: routing picks one")
+    p.add_argument("--model", help="model to apply, when the agent supports choosing one")
+    p.add_argument("--cwd", help="the agent's working directory (inside the bridge's workspaceRoots)")
+    client_options(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("providers", help="list providers and their probe status")
     p.add_argument("--local", action="store_true", help="read the configuration instead of asking the bridge")
     p.add_argument("--probe", action="store_true", help="with --local: run the full probe (ACP initialize)")
-    p.add_argument("--config")
-    p.add_argument("--url", default=url)
-    p.add_argument("--token", default=token)
+    p.add_argument("--config", help=config_help)
+    client_options(p)
     p.set_defaults(func=cmd_providers)
     return parser
 

@@ -82,20 +82,31 @@ class BridgeConfig(_Model):
         return [Path(os.path.expanduser(r)).resolve() for r in raw]
 
 
-def _expand(value: Any, where: str) -> Any:
-    if isinstance(value, str):
-        def sub(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name not in os.environ:
-                raise ConfigError(f"{where}: environment variable ${{{name}}} is not set")
-            return os.environ[name]
+def _expand(value: Any, where: str, missing: list[str] | None = None) -> Any:
+    """Replace ``${VAR}`` in every string; a missing variable is a ConfigError naming each key."""
+    top = missing is None
+    missing = [] if missing is None else missing
 
-        return _VAR.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: _expand(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
+    def walk(item: Any, at: str) -> Any:
+        if isinstance(item, str):
+            def sub(match: re.Match[str]) -> str:
+                name = match.group(1)
+                if name not in os.environ:
+                    missing.append(f"{at}: environment variable ${{{name}}} is not set")
+                    return ""
+                return os.environ[name]
+
+            return _VAR.sub(sub, item)
+        if isinstance(item, dict):
+            return {k: walk(v, f"{at}.{k}" if at else str(k)) for k, v in item.items()}
+        if isinstance(item, list):
+            return [walk(v, f"{at}[{i}]") for i, v in enumerate(item)]
+        return item
+
+    result = walk(value, where)
+    if top and missing:
+        raise ConfigError("\n".join(missing))
+    return result
 
 
 def _env(name: str) -> str | None:

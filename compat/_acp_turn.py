@@ -21,6 +21,12 @@ from compat.base import TurnError, TurnEvent, TurnOutcome, TurnRequest, TurnSink
 from compat.jsonrpc_peer import PeerClosed, PeerError, PeerProtocolError, RequestTimeout, ResponseError
 
 
+AUTH_HINT = (
+    "agents get only an allow-listed environment: put the agent's API key under providers.<id>.env "
+    "(or name it in envPassthrough), or set providers.<id>.authMethod to one of authMethods"
+)
+
+
 class TurnFailure(Exception):
     """Ends the turn as ``failed`` with ``error``; ``kill`` ends the agent process too."""
 
@@ -89,7 +95,7 @@ def turn_failure(exc: PeerError, phase: str, conn: AcpConnection | None, tail_by
     if exc.code == AUTH_REQUIRED:
         methods = [m.get("id") for m in conn.auth_methods] if conn is not None else []
         message = upstream["message"] or "authentication required"
-        data = {**upstream, "authMethods": methods}
+        data = {**upstream, "authMethods": methods, "hint": AUTH_HINT}
         return TurnFailure("AGENT_AUTH_REQUIRED", message, data, kill=False)
     message = upstream["message"] or "agent error"
     return TurnFailure("AGENT_ERROR", message, upstream, kill=phase == "initialize")

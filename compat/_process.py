@@ -130,6 +130,8 @@ async def spawn(
             start_new_session=True,
         )
     except OSError as exc:
+        if cwd is not None and not os.path.isdir(cwd):
+            raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc
         raise SpawnError(argv[0], exc.strerror or type(exc).__name__) from exc
     logger.debug("spawned pid %d: %s", process.pid, redact(" ".join(argv)))
     return AgentProcess(process, argv, max_line_bytes, stderr_tail_bytes)

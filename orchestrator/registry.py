@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from compat.base import ProbeResult, ProviderAdapter
+from compat.base import ProbeResult, ProviderAdapter, TurnOutcome
 
 log = logging.getLogger(__name__)
 FIRST = ("codex", "opencode", "gemini", "hermes")
@@ -68,7 +68,9 @@ class ProviderRegistry:
         return self._full.get(provider_id, cheap)
 
     def available(self) -> list[str]:
-        return [i for i in self._order if self.status(i).available]
+        """Providers a turn may be routed to. ``auth_required`` ones stay routable: their turn
+        fails with a clear AGENT_AUTH_REQUIRED (and a hint) rather than a vague "unavailable"."""
+        return [i for i in self._order if self.status(i).status in ("ok", "auth_required")]
 
     def catalog(self) -> list[dict[str, Any]]:
         entries = []
@@ -110,6 +112,14 @@ class ProviderRegistry:
                     self._probing[provider_id] = finished = anyio.Event()
                     tg.start_soon(one, provider_id, finished)
         return dict(self._full)
+
+    def note_turn(self, provider_id: str, outcome: TurnOutcome) -> None:
+        """What a turn learned about its provider: an auth failure shows as ``auth_required`` in
+        the probe summary until a turn completes (a real turn is the most accurate probe)."""
+        if outcome.error is not None and outcome.error.code == "AGENT_AUTH_REQUIRED":
+            self._full[provider_id] = ProbeResult("auth_required", outcome.error.message[:200])
+        elif outcome.status == "completed":
+            self._full[provider_id] = ProbeResult("ok")
 
     async def wait_probe(self, provider_id: str, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) for a running full probe of ``provider_id``.

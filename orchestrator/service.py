@@ -71,8 +71,18 @@ class Orchestrator:
             await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
         await self.registry.start(self._tg)
+        self._log_start()
         self._tg.start_soon(self.registry.probe_all)
         return self
+
+    def _log_start(self) -> None:
+        for root in self.roots:
+            if not root.is_dir():
+                log.warning("workspace root %s does not exist: turns cannot run there", root)
+        for provider_id in self.registry.ids:
+            probe = self.registry.status(provider_id)
+            log.info("provider %s: %s%s", provider_id, probe.status,
+                     "" if probe.available else f" ({probe.detail})")  # fmt: skip
 
     async def __aexit__(self, *exc_info: Any) -> None:
         assert self._tg is not None
@@ -114,7 +124,16 @@ class Orchestrator:
         available = self.registry.available()
         # Auto routing picks a knowledge provider only when it is the only one available.
         agents = [p for p in available if self.registry.category(p) != "knowledge"] or available
-        return resolve(inp, available, self.gateway_configured, auto_available=agents)
+        resolution = resolve(inp, available, self.gateway_configured, auto_available=agents)
+        chosen = resolution.resolved_provider_id
+        if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:
+            if chosen not in self.registry.ids:
+                resolution.unavailable_message = (
+                    f"unknown provider: {chosen[:100]} (configured: {', '.join(self.registry.ids) or 'none'})")
+            else:
+                reason = self.registry.status(chosen)
+                resolution.unavailable_message = f"provider {chosen} is unavailable: {reason.detail or reason.status}"
+        return resolution
 
     def resolve(self, params: ResolveParams) -> dict[str, Any]:
         return self._route(params.task_prompt, params.routing, params.model).to_wire()
@@ -141,13 +160,18 @@ class Orchestrator:
 
     def _working_directory(self, requested: str | None) -> str:
         if requested is None:
-            return str(self.roots[0])
-        path = Path(os.path.expanduser(requested))
-        real = path.resolve()
+            for root in self.roots:
+                if root.is_dir():
+                    return str(root)
+            raise InvalidParams("no workspace root exists; create one or fix workspaceRoots",
+                                field="workingDirectory")  # fmt: skip
+        real = Path(os.path.expanduser(requested)).resolve()
         if not real.is_dir():
-            raise InvalidParams("workingDirectory is not an existing directory", field="workingDirectory")
+            raise InvalidParams(f"workingDirectory is not an existing directory: {requested}"[:600],
+                                field="workingDirectory")  # fmt: skip
         if not _inside(real, self.roots):
-            raise InvalidParams("workingDirectory is outside the workspace roots", field="workingDirectory")
+            raise InvalidParams(f"workingDirectory is outside the workspace roots: {requested}"[:600],
+                                field="workingDirectory")  # fmt: skip
         return str(real)
 
     def _attachments(self, params: TurnParams) -> tuple[Attachment, ...]:
@@ -270,6 +294,7 @@ class Orchestrator:
         finally:
             session.current_turn = None
         outcome = self._final_outcome(outcome, runner)
+        self.registry.note_turn(provider_id, outcome)
         output = outcome.output_override if outcome.output_override is not None else runner.output
         error_code = outcome.error.code if outcome.error else None
         runner.finish(outcome.status, output if outcome.status == "completed" or output else

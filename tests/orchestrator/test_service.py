@@ -211,3 +211,16 @@ async def test_capabilities_lists_providers_and_probe_summary(orch):
     assert caps["capabilities"]["single_agent"] is True
     assert {p["status"] for p in caps["providerProbeSummary"]} == {"ok", "not_found"}
     CapabilitiesResult.model_validate(caps)
+
+
+async def test_unknown_provider_message_lists_the_configured_ones(orch):
+    routing = {"routingMode": "explicit", "explicitProviderId": "nope"}
+    result = await orch.run_turn(params("hi", routing=routing), "local", Recorder(), start=True)
+    assert result["unavailableCode"] == "PROVIDER_UNAVAILABLE"
+    assert "unknown provider: nope" in result["unavailableMessage"] and "fake" in result["unavailableMessage"]
+
+
+async def test_missing_working_directory_is_named(orch, tmp_path):
+    with pytest.raises(InvalidParams) as err:
+        await orch.run_turn(params("hi", workingDirectory=str(tmp_path / "gone")), "local", Recorder(), start=True)
+    assert "gone" in err.value.message
