@@ -175,9 +175,16 @@ class OriginPolicy:
         if origin in self._exact:
             return True
         return any(
-            origin.startswith(prefix) and _PORT.fullmatch(origin[len(prefix) :]) is not None
-            for prefix in self._prefixes
+            origin.startswith(prefix) and _valid_port(origin[len(prefix) :]) for prefix in self._prefixes
         )
+
+    def allows_all(self, origins: list[str]) -> bool:
+        """Every ``Origin`` header must pass: a request carrying two is judged by both."""
+        return all(self.allows(o) for o in origins) if origins else True
+
+
+def _valid_port(text: str) -> bool:
+    return _PORT.fullmatch(text) is not None and 0 < int(text) <= 65535
 
 
 def rejection(status: int, error: RpcError, headers: Mapping[str, str] | None = None) -> Response:

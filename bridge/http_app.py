@@ -86,7 +86,9 @@ def create_app(
     if mcp_app is not None:
         routes.append(Route("/mcp", Guarded(mcp_app, auth, origins), methods=["GET", "POST", "DELETE"]))
     handlers = {404: _http_error, 405: _http_error}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=rpc.lifespan(lifespan))
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=rpc.lifespan(lifespan))
+    app.router.redirect_slashes = False  # "/acp/rpc/" is 404 like any other path, not a redirect
+    return app
 
 
 async def banner(request: Request) -> Response:
@@ -199,7 +201,7 @@ class RpcEndpoint:
         if request.method != "POST":
             error = InvalidRequest("method not allowed")
             return rejection(405, error, {**headers, "Allow": "POST, OPTIONS"})
-        if not self._origins.allows(origin):
+        if not self._origins.allows_all(request.headers.getlist("origin")):
             return rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]), headers)
         return await self._post(request, headers)
 
@@ -266,7 +268,7 @@ class Guarded:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         origin = request.headers.get("origin")
-        if not self._origins.allows(origin):
+        if not self._origins.allows_all(request.headers.getlist("origin")):
             response = rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
         else:
             try:

@@ -65,7 +65,7 @@ class AcpWebSocket:
     async def serve(self, websocket: WebSocket) -> None:
         """Admit (403 origin, then 401 token) and serve one socket until it closes."""
         origin = websocket.headers.get("origin")
-        if not self._origins.allows(origin):
+        if not self._origins.allows_all(websocket.headers.getlist("origin")):
             await _deny(websocket, 403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
             return
         try:

@@ -34,6 +34,7 @@ class Timeouts(_Model):
     idle_timeout: float = Field(600.0, gt=0)
     permission_timeout: float = Field(60.0, gt=0)
     probe_interval: float = Field(15.0, gt=0)
+    session_idle_timeout: float = Field(3600.0, gt=0)  # an idle session is forgotten after this
 
 
 class Limits(_Model):
@@ -47,6 +48,7 @@ class Limits(_Model):
     client_stderr_tail_bytes: int = Field(4 * 1024, gt=0)
     max_queued_turns: int = Field(16, ge=0)
     max_sessions: int = Field(1000, gt=0)
+    max_running_turns: int = Field(32, gt=0)  # turns running at once bridge-wide; more wait
     max_connection_queue: int = Field(4096, gt=0)  # outbound envelopes buffered per connection
     done_message_bytes: int = Field(64 * 1024, gt=0)
     tool_content_bytes: int = Field(64 * 1024, gt=0)

@@ -19,8 +19,8 @@ class _Params(BaseModel):
 
 class AttachmentParam(_Params):
     name: str = ""
-    path: str = Field(min_length=1)
-    description: str = ""
+    path: str = Field(min_length=1, max_length=4096)
+    description: str = Field("", max_length=4096)
 
 
 class SessionRef(_Params):
@@ -35,9 +35,9 @@ class TurnParams(_Params):
     session_id: str = Field(min_length=1, max_length=512)
     thread_id: str | None = Field(None, max_length=512)
     task_prompt: str = Field(min_length=1)
-    working_directory: str | None = None
+    working_directory: str | None = Field(None, max_length=4096)
     routing: dict[str, Any] | None = None
-    model: str | None = None
+    model: str | None = Field(None, max_length=200)
     attachments: list[AttachmentParam] = Field(default_factory=list, max_length=64)
 
     @field_validator("task_prompt")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Sequence
 
 LOCAL_KEYWORDS = (
@@ -46,10 +47,16 @@ BUILTIN_SKILLS = (
     BuiltinSkill("find-skills", "find-skills", ("find-skills", "find skills")),
 )  # fmt: skip
 
+# Routing reads only the start of a prompt and a bounded skill list: a pasted 3 MB prompt or 2,000
+# skills must not hold the event loop (every other client waits while routing runs).
+ROUTING_PROMPT_CHARS = 8192
+MAX_AVAILABLE_SKILLS = 256
+
 TARGET_ALIASES = {"singleagent": "single-agent", "single-agent": "single-agent", "agent": "single-agent", "gateway": "gateway"}
 
 
-def _keyword_re(keywords: Sequence[str]) -> re.Pattern[str]:
+@lru_cache(maxsize=1024)
+def _keyword_re(keywords: tuple[str, ...]) -> re.Pattern[str]:
     parts = []
     for word in keywords:
         escaped = re.escape(word.lower())
@@ -57,8 +64,8 @@ def _keyword_re(keywords: Sequence[str]) -> re.Pattern[str]:
     return re.compile("|".join(parts)) if parts else re.compile(r"(?!x)x")
 
 
-_LOCAL_RE = _keyword_re(LOCAL_KEYWORDS)
-_ONLINE_RE = _keyword_re(ONLINE_KEYWORDS)
+_LOCAL_RE = _keyword_re(tuple(LOCAL_KEYWORDS))
+_ONLINE_RE = _keyword_re(tuple(ONLINE_KEYWORDS))
 _BUILTIN_RES = {skill.id: _keyword_re(skill.keywords) for skill in BUILTIN_SKILLS}
 
 
@@ -75,22 +82,30 @@ class RoutingInput:
 
     @classmethod
     def from_params(cls, prompt: str, routing: dict[str, Any] | None, model: str | None = None) -> RoutingInput:
+        """Read the ``routing`` object.
+
+        Raises:
+            ValueError: a routing field has the wrong type (the caller reports -32602): an
+                explicit choice that cannot be read must not fall back to auto routing.
+        """
         r = routing or {}
 
         def text(key: str) -> str:
             value = r.get(key)
-            return value.strip() if isinstance(value, str) else ""
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"routing.{key} must be a string")
+            return value.strip()[:200] if isinstance(value, str) else ""
 
         skills = r.get("explicitSkills") if isinstance(r.get("explicitSkills"), list) else []
         available = r.get("availableSkills") if isinstance(r.get("availableSkills"), list) else []
         return cls(
-            prompt=prompt or "",
+            prompt=(prompt or "")[:ROUTING_PROMPT_CHARS],
             routing_mode=(text("routingMode") or "auto").lower(),
             explicit_execution_target=text("explicitExecutionTarget"),
             explicit_provider_id=text("explicitProviderId"),
             explicit_model=text("explicitModel") or (model or "").strip(),
-            explicit_skills=tuple(s.strip() for s in skills if isinstance(s, str) and s.strip()),
-            available_skills=tuple(s for s in available if isinstance(s, dict)),
+            explicit_skills=tuple(s.strip()[:200] for s in skills[:MAX_AVAILABLE_SKILLS] if isinstance(s, str) and s.strip()),
+            available_skills=tuple(s for s in available[:MAX_AVAILABLE_SKILLS] if isinstance(s, dict)),
             preferred_gateway_provider_id=text("preferredGatewayProviderId"),
         )
 
@@ -143,13 +158,13 @@ def _target(inp: RoutingInput, gateway_configured: bool) -> str:
 
 
 def _skill_keywords(skill: dict[str, Any]) -> re.Pattern[str]:
-    sid, label = str(skill.get("id") or ""), str(skill.get("label") or "")
+    sid, label = str(skill.get("id") or "")[:100], str(skill.get("label") or "")[:100]
     words = [w for w in (sid, label) if w]
     haystack = f"{sid} {label}".lower()
     for builtin in BUILTIN_SKILLS:
         if builtin.id in haystack or builtin.label.lower() in haystack:
             words.extend(builtin.keywords)
-    return _keyword_re(words)
+    return _keyword_re(tuple(words))
 
 
 def _skills(inp: RoutingInput, res: Resolution) -> None:

@@ -23,13 +23,21 @@ from compat.settings import Limits, Timeouts
 from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 from orchestrator.registry import ProviderRegistry
 from orchestrator.routing import Resolution, RoutingInput, resolve
-from orchestrator.session import Session
+from orchestrator.session import Session, Ticket
 from orchestrator import updates
 from orchestrator.turn import TurnRunner
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str, Any], None]
 SUMMARY_CHARS = 280
+
+
+def _resolve(path: str, field: str) -> Path:
+    """``realpath`` of a client path; NUL bytes and over-long paths are -32602, not crashes."""
+    try:
+        return Path(os.path.expanduser(path)).resolve()
+    except (ValueError, OSError) as exc:
+        raise InvalidParams(f"{field} is not a usable path", field=field) from exc
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
@@ -65,12 +73,14 @@ class Orchestrator:
         self.knowledge = knowledge  # the knowledge service (an async context manager), if any
         self._sessions: dict[str, Session] = {}
         self._tg: TaskGroup | None = None
+        self._running = anyio.Semaphore(limits.max_running_turns)
 
     async def __aenter__(self) -> Orchestrator:
         if self.knowledge is not None:
             await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
         await self.registry.start(self._tg)
+        self._tg.start_soon(self._sweep_sessions)
         self._log_start()
         self._tg.start_soon(self.registry.probe_all)
         return self
@@ -120,7 +130,10 @@ class Orchestrator:
         }  # fmt: skip
 
     def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:
-        inp = RoutingInput.from_params(prompt, routing, model)
+        try:
+            inp = RoutingInput.from_params(prompt, routing, model)
+        except ValueError as exc:
+            raise InvalidParams(f"Invalid params: {exc}", field="routing") from exc
         available = self.registry.available()
         # Auto routing picks a knowledge provider only when it is the only one available.
         agents = [p for p in available if self.registry.category(p) != "knowledge"] or available
@@ -150,13 +163,35 @@ class Orchestrator:
         session = self._owned(params.session_id, principal)
         thread_id = params.thread_id or params.session_id
         if session is None:
-            if len(self._sessions) >= self.limits.max_sessions:
+            if len(self._sessions) >= self.limits.max_sessions and not self._evict_idle():
                 raise LimitReached("too many sessions", limit="maxSessions", value=self.limits.max_sessions)
             session = Session(params.session_id, principal, thread_id, max_queued=self.limits.max_queued_turns)
             self._sessions[params.session_id] = session
         else:
             session.thread_id = thread_id
         return session
+
+    def _evict_idle(self, older_than: float | None = None) -> int:
+        """Forget idle sessions: the least recently used one (making room), or every one idle for
+        longer than ``older_than`` seconds. Their agent processes end in the background."""
+        idle = sorted((s for s in self._sessions.values() if not s.busy), key=lambda s: s.last_active)
+        if older_than is not None:
+            limit = time.monotonic() - older_than
+            idle = [s for s in idle if s.last_active < limit]
+        else:
+            idle = idle[:1]
+        for session in idle:
+            self._sessions.pop(session.session_id, None)
+            assert self._tg is not None
+            self._tg.start_soon(self._end_provider_session, session)
+            log.info("forgot idle session %s", session.session_id[:80])
+        return len(idle)
+
+    async def _sweep_sessions(self) -> None:
+        interval = min(60.0, self.timeouts.session_idle_timeout / 2)
+        while True:
+            await anyio.sleep(interval)
+            self._evict_idle(self.timeouts.session_idle_timeout)
 
     def _working_directory(self, requested: str | None) -> str:
         if requested is None:
@@ -165,7 +200,7 @@ class Orchestrator:
                     return str(root)
             raise InvalidParams("no workspace root exists; create one or fix workspaceRoots",
                                 field="workingDirectory")  # fmt: skip
-        real = Path(os.path.expanduser(requested)).resolve()
+        real = _resolve(requested, "workingDirectory")
         if not real.is_dir():
             raise InvalidParams(f"workingDirectory is not an existing directory: {requested}"[:600],
                                 field="workingDirectory")  # fmt: skip
@@ -177,7 +212,7 @@ class Orchestrator:
     def _attachments(self, params: TurnParams) -> tuple[Attachment, ...]:
         out = []
         for index, item in enumerate(params.attachments):
-            real = Path(os.path.expanduser(item.path)).resolve()
+            real = _resolve(item.path, f"attachments.{index}.path")
             if not _inside(real, self.roots) or not real.exists():
                 raise InvalidParams("attachment path is missing or outside the workspace roots",
                                     field=f"attachments.{index}.path")  # fmt: skip
@@ -218,8 +253,9 @@ class Orchestrator:
                 if ticket.cancelled:
                     box["result"] = self._cancelled_before_start(base, resolution)
                     return
-                box["result"] = await self._execute(session, params, resolution, cwd, attachments,
-                                                    principal, notify, start)  # fmt: skip
+                async with self._running:  # bounds concurrent turns (agent spawns) bridge-wide
+                    box["result"] = await self._execute(session, ticket, params, resolution, cwd,
+                                                        attachments, principal, notify, start)  # fmt: skip
             except BaseException:
                 box["result"] = None
                 raise
@@ -269,12 +305,17 @@ class Orchestrator:
         return reset
 
     async def _execute(
-        self, session: Session, params: TurnParams, resolution: Resolution, cwd: str,
+        self, session: Session, ticket: Ticket, params: TurnParams, resolution: Resolution, cwd: str,
         attachments: tuple[Attachment, ...], principal: str, notify: Notify, start: bool,
     ) -> dict[str, Any]:  # fmt: skip
         provider_id = resolution.resolved_provider_id
+        base = {"sessionId": session.session_id, "threadId": session.thread_id}
         await self.registry.wait_probe(provider_id, self.timeouts.initialize_timeout)
+        if ticket.cancelled:  # session.cancel while it waited: it never started
+            return self._cancelled_before_start(base, resolution)
         reset = await self._prepare_provider(session, provider_id, start)
+        if ticket.cancelled:
+            return self._cancelled_before_start(base, resolution)
         provider = session.provider_session
         assert provider is not None and self._tg is not None
         turn_id = f"turn-{time.time_ns()}"
@@ -362,7 +403,7 @@ class Orchestrator:
         session = self._owned(session_id, principal)
         if session is None:
             return {"accepted": True, "cancelled": False}
-        queued = session.cancel_waiting()
+        queued = session.cancel_waiting() + int(session.cancel_active())
         runner = session.current_turn
         if runner is not None and not runner.cancel_requested:
             runner.cancel_requested = True  # new permission requests are refused from now on

@@ -27,9 +27,12 @@ class UpdateLog:
     The last ``capacity`` updates are kept so a later subscriber can resume from a given ``seq``.
     """
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 256, max_bytes: int = 128 * 1024) -> None:
         self._seq = 0
-        self._recent: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._recent: deque[tuple[int, dict[str, Any]]] = deque()
+        self._capacity = capacity
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._subscribers: list[Subscriber] = []
 
     @property
@@ -39,7 +42,13 @@ class UpdateLog:
     def append(self, params: dict[str, Any]) -> dict[str, Any]:
         self._seq += 1
         params["seq"] = self._seq
-        self._recent.append(params)
+        # An estimate (the text fields dominate) keeps an idle session's memory bounded without
+        # encoding every update twice.
+        size = 256 + len(params.get("delta") or "") + len(params.get("message") or "")
+        self._recent.append((size, params))
+        self._bytes += size
+        while self._recent and (len(self._recent) > self._capacity or self._bytes > self._max_bytes):
+            self._bytes -= self._recent.popleft()[0]
         for subscriber in tuple(self._subscribers):
             subscriber(params)
         return params
@@ -51,7 +60,7 @@ class UpdateLog:
             A function that ends the subscription.
         """
         if after_seq is not None:
-            for params in tuple(self._recent):
+            for _, params in tuple(self._recent):
                 if params["seq"] > after_seq:
                     subscriber(params)
         self._subscribers.append(subscriber)
@@ -83,9 +92,19 @@ class Session:
     _active: Ticket | None = None
     _waiting: deque[Ticket] = field(default_factory=deque)
 
+    last_active: float = field(default_factory=time.monotonic)
+
     @property
     def busy(self) -> bool:
-        return self._active is not None
+        return self._active is not None or bool(self._waiting)
+
+    def cancel_active(self) -> bool:
+        """Cancel the admitted turn that has not started its provider turn yet (it may be waiting
+        for a probe or for the previous agent to end). Returns whether there was one."""
+        if self._active is None or self.current_turn is not None or self._active.cancelled:
+            return False
+        self._active.cancelled = True
+        return True
 
     def admit(self, *, start: bool) -> Ticket:
         """Take a place for one turn. Synchronous, so admission follows arrival order.
@@ -94,6 +113,7 @@ class Session:
             SessionBusy: -32005 with ``data.reason`` ``turn_running`` (``session.start`` while a
                 turn runs or waits) or ``queue_full`` (more than ``max_queued`` waiting).
         """
+        self.last_active = time.monotonic()
         if self._active is None:
             ticket = Ticket()
             ticket.ready.set()
@@ -109,6 +129,7 @@ class Session:
 
     def release(self, ticket: Ticket) -> None:
         """Give up a place (finished, cancelled or abandoned); wakes the next waiting turn."""
+        self.last_active = time.monotonic()
         if ticket is not self._active:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)

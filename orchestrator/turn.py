@@ -13,7 +13,7 @@ from uuid import uuid4
 
 import anyio
 
-from compat.base import PermissionEvent, TextDelta, TurnEvent
+from compat.base import PermissionEvent, TextDelta, ThoughtDelta, TurnEvent
 from compat.settings import Limits, Timeouts
 from orchestrator import updates
 from orchestrator.session import Session
@@ -64,6 +64,7 @@ class TurnRunner:
         self._on_output_limit = on_output_limit
         self._parts: list[str] = []
         self._output_bytes = 0
+        self._thought_bytes = 0
         self.output_exceeded = False
         self.cancel_requested = False
 
@@ -80,8 +81,13 @@ class TurnRunner:
     def emit(self, event: TurnEvent) -> None:
         if isinstance(event, TextDelta):
             self._text(event.text)
-        else:
-            self.publish(updates.from_event(event))
+            return
+        if isinstance(event, ThoughtDelta):
+            # Reasoning is not output, but it is streamed and logged: the same budget bounds it.
+            self._thought_bytes += len(event.text)
+            if self._thought_bytes > self._limits.max_output_bytes:
+                return
+        self.publish(updates.from_event(event))
 
     def _text(self, text: str) -> None:
         if self.output_exceeded or not text:

@@ -71,9 +71,20 @@ def loads(data: bytes | str) -> Any:
         except orjson.JSONDecodeError:
             pass  # maybe a lone surrogate or 1e400: the stdlib decides
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
         raise ParseError("Parse error: invalid JSON") from exc
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # the stdlib accepts NaN and Infinity; RFC 8259 does not
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number out of range")
+    return value
 
 
 def dumps(value: Any) -> bytes:

@@ -224,3 +224,68 @@ async def test_missing_working_directory_is_named(orch, tmp_path):
     with pytest.raises(InvalidParams) as err:
         await orch.run_turn(params("hi", workingDirectory=str(tmp_path / "gone")), "local", Recorder(), start=True)
     assert "gone" in err.value.message
+
+
+async def test_cancel_reaches_a_turn_that_has_not_started_its_provider_turn(orch):
+    gate = anyio.Event()
+    original = orch.registry.wait_probe
+
+    async def slow_probe(provider_id: str, timeout: float) -> None:
+        await gate.wait()
+
+    orch.registry.wait_probe = slow_probe
+    rec = Recorder()
+    box: dict[str, Any] = {}
+
+    async def run() -> None:
+        box["r"] = await orch.run_turn(params("echo never"), "local", rec, start=True)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        assert orch.cancel("s1", "local") == {"accepted": True, "cancelled": True}
+        gate.set()
+    orch.registry.wait_probe = original
+    assert box["r"]["status"] == "cancelled" and rec.notes == []
+
+
+async def test_idle_sessions_are_evicted_to_make_room(tmp_path):
+    adapters = {"fake": FakeAdapter("fake")}
+    limits = Limits(max_sessions=2)
+    async with in_background(Orchestrator(ProviderRegistry(adapters, {"fake"}), [tmp_path.resolve()], limits,
+                                          Timeouts())) as o:  # fmt: skip
+        for name in ("a", "b"):
+            await o.run_turn(params("hi", session=name), "alice", Recorder(), start=True)
+        result = await o.run_turn(params("hi", session="c"), "bob", Recorder(), start=True)
+        assert result["success"] is True
+        assert await o.close("a", "alice") == {"accepted": True, "closed": False}  # the oldest went
+
+
+async def test_paths_with_nul_bytes_are_invalid_params(orch, tmp_path):
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", workingDirectory=f"{tmp_path}/\x00x"), "local", Recorder(), start=True)
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", attachments=[{"path": f"{tmp_path}/\x00"}]), "local", Recorder(), start=True)
+
+
+async def test_non_string_routing_fields_are_invalid_params_not_auto_routing(orch):
+    with pytest.raises(InvalidParams):
+        await orch.run_turn(params("hi", routing={"explicitProviderId": ["fake"]}), "local", Recorder(), start=True)
+
+
+def test_routing_reads_a_bounded_prefix_and_skill_list():
+    from orchestrator.routing import MAX_AVAILABLE_SKILLS, ROUTING_PROMPT_CHARS, RoutingInput
+
+    skills = [{"id": f"skill-{i}", "label": f"Skill {i}"} for i in range(2000)]
+    inp = RoutingInput.from_params("x " * 1_500_000, {"availableSkills": skills})
+    # routing work is bounded by these caps (was 54 s on the event loop for this input)
+    assert len(inp.prompt) == ROUTING_PROMPT_CHARS and len(inp.available_skills) == MAX_AVAILABLE_SKILLS
+
+
+def test_update_log_memory_is_bounded():
+    from orchestrator.session import UpdateLog
+
+    log = UpdateLog()
+    for _ in range(100):
+        log.append({"type": "thought", "delta": "x" * 262144})
+    assert log._bytes <= 128 * 1024 + 262144 + 256 and log.last_seq == 100
