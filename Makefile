@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: run test agents llmwiki install lint clean
+.PHONY: run test agents llmwiki profile-tools install lint clean
 
 install: $(STAMP)
 
@@ -27,8 +27,12 @@ agents:
 llmwiki:
 	bash scripts/install-llmwiki.sh >/dev/null
 
+## profile-tools: the pinned tsx (for .ts profiles) and the agentproc SDK the profile tests use
+profile-tools:
+	bash scripts/install-profile-tools.sh >/dev/null
+
 ## test: install everything and run every test (inside a loopback-only network namespace when root)
-test: install agents llmwiki
+test: install agents llmwiki profile-tools
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
 clean:

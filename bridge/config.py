@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
+from compat.profile_settings import ProfileConfig, ProfileConfigError, parse_profiles
 from compat.settings import Limits, ProviderConfig, Timeouts
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
@@ -48,6 +49,7 @@ class BridgeConfig(_Model):
     allowed_origins: list[str] = Field(default_factory=lambda: list(DEFAULT_ORIGINS))
     workspace_roots: list[str] = Field(default_factory=list)
     providers: dict[str, ProviderConfig] | None = None  # None: every preset found on PATH
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)  # exec profiles (iLink layout)
     gateway: dict[str, Any] | None = None
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     knowledge_sources: list[SourceDescriptor] | None = None  # None: the embedded documentation
@@ -58,6 +60,11 @@ class BridgeConfig(_Model):
     sse_keepalive: float = Field(15.0, gt=0)
     log_level: str = "info"
     allow_insecure_no_auth: bool = False
+    _profile_dir: Path = PrivateAttr(default_factory=Path.cwd)  # relative script paths start here
+
+    @property
+    def profile_dir(self) -> Path:
+        return self._profile_dir
 
     @field_validator("auth_tokens", mode="before")
     @classmethod
@@ -174,7 +181,29 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
+    source = str(file) if file else "configuration"
+    base = file.resolve().parent if file else Path.cwd()
+    _split_profiles(data, base, source)
     try:
-        return BridgeConfig.model_validate(data)
+        config = BridgeConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, str(file) if file else "configuration")) from exc
+        raise ConfigError(_describe(exc, source)) from exc
+    config._profile_dir = base
+    return config
+
+
+def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:
+    """Move exec profiles (``profiles:`` and ``providers.<id>: {type: profile}``) into
+    ``data["profiles"]``, validated with the iLink key names; profiles and providers share one id
+    space (with no ``providers:`` key, the preset ids are taken)."""
+    from compat.presets import PRESETS
+
+    reserved = () if data.get("providers") is not None else (*PRESETS, "knowledge")
+    try:
+        profiles, providers = parse_profiles(data.pop("profiles", None), data.get("providers"),
+                                             profile_dir=base, reserved=reserved)  # fmt: skip
+    except ProfileConfigError as exc:
+        raise ConfigError("\n".join(f"{source}: {line}" for line in str(exc).splitlines())) from exc
+    if providers is not None:
+        data["providers"] = providers
+    data["profiles"] = profiles

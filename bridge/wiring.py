@@ -81,6 +81,12 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     adapters: dict[str, ProviderAdapter] = {}
     for provider_id, entry in entries.items():
         adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge)
+    for profile_id, profile in config.profiles.items():
+        from compat.profile import ProfileAdapter
+
+        adapters[profile_id] = ProfileAdapter(profile_id, profile, config.limits, config.timeouts,
+                                              profile_dir=config.profile_dir)  # fmt: skip
+        enabled.add(profile_id)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}
     return Orchestrator(

@@ -57,7 +57,7 @@ class Limits(_Model):
 class ProviderConfig(_Model):
     """One ``providers.<id>`` entry. Presets fill ``command``/``args``/``label`` when omitted."""
 
-    type: Literal["acp", "profile", "knowledge"] = "acp"
+    type: Literal["acp", "knowledge"] = "acp"  # exec profiles are ProfileConfig (profile_settings)
     command: str | None = None
     args: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)

@@ -69,6 +69,18 @@ def test_knowledge_config_example_is_valid():
         SourceDescriptor.model_validate(source)
 
 
+def test_profiles_config_example_loads(tmp_path, monkeypatch):
+    from bridge.config import load_config
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "x" * 8)
+    for name in ("hello.py", "mine.sh"):
+        (tmp_path / name).write_text("echo hi\n")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(EXAMPLES["profiles-config"][1].replace("command: hermes", "command: bash"))
+    config = load_config(str(path))
+    assert set(config.profiles) == {"hello", "hermes-oneshot", "claude-print", "mine"}
+
+
 def test_rpc_error_table_matches_the_code():
     documented = {(int(code), name) for code, name, _ in table("rpc-errors")}
     assert documented == {(cls.code, cls.name) for cls in RPC_ERRORS}

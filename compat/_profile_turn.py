@@ -1,0 +1,313 @@
+"""One run of an exec profile's process: the pumps, the limits, how the run ends and what the
+turn's outcome and output are.
+
+The process runs in its own process group (``compat._process``). stdout is read live as bounded
+lines and fed to a parser (``compat._profile_protocol``); stderr is always drained into a bounded
+tail; the message, when the child gets it on stdin, is written by its own task and stdin is then
+closed (field-failures #13, #14). The run ends at the first of: the leader exited (and stdout
+reached EOF, or :data:`DRAIN_AFTER_EXIT` passed: a grandchild holding stdout must not hold the
+turn, #15), a cancel, an output limit, or the profile's timeout. Then the whole group is ended
+(SIGTERM, SIGKILL after ``cancelGrace``), so nothing the profile started outlives its turn.
+
+Output rules (every provider's: the turn's ``TextDelta`` texts concatenated are its ``output``):
+
+* Partials are sent as deltas at once (dropped when ``streaming`` is off).
+* On success the body (the other stdout lines, joined with ``\\n``) is sent as one delta at exit,
+  except for what was already streamed: a body that begins with the streamed text sends only the
+  rest (a profile that streams and then prints the whole reply is not sent twice); a body that
+  differs is sent after a newline. Claude's final ``result`` text is sent only when nothing was
+  streamed. With ``include_stderr_in_reply`` the stderr tail follows (``\\n--- stderr ---\\n``).
+* On failure (``PROFILE_ERROR``, ``PROFILE_EXIT``) with ``send_error_reply`` the error text is sent
+  as the last delta; on timeout and cancel the streamed text stays and nothing is added.
+* Everything emitted is bounded by ``maxOutputBytes`` and the body held in memory too; past it the
+  turn fails ``OUTPUT_LIMIT`` with the output so far. So does a stdout line longer than
+  ``maxAgentLineBytes``: it cannot be held, so the run ends there.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from dataclasses import dataclass, replace
+from typing import Callable, Literal
+
+import anyio
+
+from bridge.rpc.redact import redact
+from compat._process import AgentProcess, LineTooLong, SpawnError, spawn
+from compat._profile_protocol import (
+    Body,
+    ClaudeStreamParser,
+    ExecLineParser,
+    ParsedEvent,
+    Partial,
+    ProfileFailed,
+    SessionReport,
+    cut_utf8,
+)
+from compat.base import TextDelta, TurnError, TurnOutcome, TurnSink
+from compat.settings import Limits
+
+logger = logging.getLogger(__name__)
+
+DRAIN_AFTER_EXIT = 0.5  # seconds stdout may stay open after the leader exited (grandchildren)
+_PIPES_BOUND = 2.0  # seconds to wait for our readers once the group is ended
+End = Literal["exit", "timeout", "cancel", "limit", "line"]
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start one turn's process."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    stdin: bytes | None  # written then closed; None: /dev/null
+    parser: ExecLineParser | ClaudeStreamParser
+    streaming: bool
+    timeout: float  # seconds
+    send_error_reply: bool
+    include_stderr: bool
+
+
+class ProfileRun:
+    """One process run for one turn; ``request_stop`` may be called from any task."""
+
+    def __init__(self, sink: TurnSink, limits: Limits, grace: float, session_id: str | None = None) -> None:
+        self.sink = sink
+        self.session_id = session_id  # the upstream session: the last one reported wins
+        self.process: AgentProcess | None = None
+        self._limits = limits
+        self._grace = grace
+        self._ended = anyio.Event()
+        self._end: End | None = None
+        self._stdout_done = anyio.Event()
+        self._streamed: list[str] = []
+        self._emitted_bytes = 0
+        self._body: list[str] = []
+        self._body_bytes = 0
+        self._final: str | None = None
+        self._failure: str | None = None
+        self.on_stop: Callable[[], None] | None = None  # e.g. ends the wait for a slot
+        self._parser: ExecLineParser | ClaudeStreamParser | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._ended.is_set()
+
+    def request_stop(self, why: Literal["cancel", "limit", "line"] = "cancel") -> None:
+        self._finish(why)
+        if self.on_stop is not None:
+            self.on_stop()
+
+    def cancelled(self) -> TurnOutcome:
+        return self._with_session(TurnOutcome("cancelled", stop_reason="cancelled"))
+
+    def failed(self, error: TurnError, *, send_error_reply: bool) -> TurnOutcome:
+        """End the turn ``failed``; with ``send_error_reply`` the error text is the last delta."""
+        if send_error_reply:
+            reply = error.message
+            body = "\n".join(self._body)
+            if error.code == "PROFILE_EXIT" and body:
+                reply += f"\n--- stdout ---\n{body}"
+            streamed = "".join(self._streamed)
+            self._emit(("" if not streamed or streamed.endswith("\n") else "\n") + reply)
+        return self._with_session(TurnOutcome("failed", error=error))
+
+    # ---- the run ----------------------------------------------------------------------------
+
+    async def run(self, launch: Launch) -> TurnOutcome:
+        """Start the process, read it to its end, end its group; never raises for its failures."""
+        if self.stopped:
+            return self.cancelled()
+        self._parser = launch.parser
+        try:
+            with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
+                self.process = await spawn(
+                    launch.argv, cwd=launch.cwd, env=launch.env, max_line_bytes=self._limits.max_agent_line_bytes,
+                    stderr_tail_bytes=self._limits.stderr_tail_bytes, stdin_pipe=launch.stdin is not None,
+                )  # fmt: skip
+        except SpawnError as exc:
+            data = {"command": exc.command, "reason": exc.reason}
+            error = TurnError("PROFILE_ERROR", redact(str(exc)), data)
+            return self.failed(error, send_error_reply=launch.send_error_reply)
+        try:
+            await self._supervise(self.process, launch)
+        finally:
+            await self.process.terminate(self._grace)
+        return await self._outcome(self.process, launch)
+
+    async def _supervise(self, proc: AgentProcess, launch: Launch) -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(proc.pump_stderr)
+            tg.start_soon(self._read, proc, launch)
+            tg.start_soon(self._watch_exit, proc)
+            if launch.stdin is not None:
+                tg.start_soon(_feed, proc, launch.stdin)
+            with anyio.move_on_after(launch.timeout):
+                await self._ended.wait()
+            self._finish("timeout")
+            await proc.terminate(self._grace)  # closes our pipe ends: the readers finish
+            with anyio.move_on_after(_PIPES_BOUND):
+                await self._stdout_done.wait()
+            await proc.wait_stderr_eof(_PIPES_BOUND)
+            tg.cancel_scope.cancel()
+
+    async def _read(self, proc: AgentProcess, launch: Launch) -> None:
+        try:
+            while not self.stopped or self._end == "exit":
+                line = await proc.receive_line()
+                for event in launch.parser.feed(line):
+                    self._apply(event, launch)
+        except anyio.EndOfStream:
+            pass
+        except LineTooLong:
+            self._finish("line")
+        finally:
+            for event in launch.parser.finish():
+                self._apply(event, launch)
+            self._stdout_done.set()
+
+    async def _watch_exit(self, proc: AgentProcess) -> None:
+        await proc.wait(math.inf)
+        with anyio.move_on_after(DRAIN_AFTER_EXIT):
+            await self._stdout_done.wait()
+        self._finish("exit")
+
+    def _finish(self, why: End) -> None:
+        if self._end is None:
+            self._end = why
+            self._ended.set()
+
+    # ---- events -----------------------------------------------------------------------------
+
+    def _apply(self, event: ParsedEvent, launch: Launch) -> None:
+        if isinstance(event, Partial):
+            if launch.streaming and self._end in (None, "exit"):
+                self._streamed.append(self._emit(event.text))
+        elif isinstance(event, Body):
+            self._add_body(event)
+        elif isinstance(event, SessionReport):
+            self.session_id = event.session_id
+        elif isinstance(event, ProfileFailed):
+            if self._failure is None:
+                self._failure = event.message
+        elif self._end in (None, "exit"):
+            self.sink.emit(event)
+
+    def _emit(self, text: str) -> str:
+        """Send ``text`` as a delta within ``maxOutputBytes``; past it the run ends ``limit``."""
+        room = self._limits.max_output_bytes - self._emitted_bytes
+        size = len(text.encode("utf-8"))
+        if size > room:
+            text = cut_utf8(text, room)
+            size = len(text.encode("utf-8"))
+            self._finish("limit")
+        if text:
+            self._emitted_bytes += size
+            self.sink.emit(TextDelta(text))
+        return text
+
+    def _add_body(self, event: Body) -> None:
+        if event.final:
+            self._final = event.text
+            return
+        room = self._limits.max_output_bytes - self._body_bytes
+        size = len(event.text.encode("utf-8")) + (1 if self._body else 0)
+        if size > room:
+            self._body.append(cut_utf8(event.text, room - (1 if self._body else 0)))
+            self._body_bytes = self._limits.max_output_bytes
+            self._finish("limit")
+            return
+        self._body.append(event.text)
+        self._body_bytes += size
+
+    # ---- the outcome --------------------------------------------------------------------------
+
+    async def _outcome(self, proc: AgentProcess, launch: Launch) -> TurnOutcome:
+        end = self._end
+        if end == "cancel":
+            return self.cancelled()
+        if end == "timeout":
+            message = f"the profile ran longer than {launch.timeout:g} s"
+            error = TurnError("PROFILE_TIMEOUT", message, {"timeoutSecs": launch.timeout})
+            return self._with_session(TurnOutcome("timeout", stop_reason="timeout", error=error))
+        if end in ("limit", "line"):
+            self._emit(self._reply_rest())
+            limit = self._limits.max_output_bytes if end == "limit" else self._limits.max_agent_line_bytes
+            name = "maxOutputBytes" if end == "limit" else "maxAgentLineBytes"
+            error = TurnError("OUTPUT_LIMIT", f"the profile's output passed {name} ({limit} bytes)", {name: limit})
+            return self._with_session(TurnOutcome("failed", error=error))
+        code = proc.returncode
+        if self._failure is not None:
+            data = {"exitCode": code} if code is not None else None
+            error = TurnError("PROFILE_ERROR", self._failure or "the profile failed", data)
+            return self.failed(error, send_error_reply=launch.send_error_reply)
+        if code != 0:
+            return self.failed(self._exit_error(proc, code, launch), send_error_reply=launch.send_error_reply)
+        rest = self._reply_rest()
+        stderr = proc.stderr_tail(self._limits.client_stderr_tail_bytes) if launch.include_stderr else ""
+        if stderr:
+            rest += ("\n" if rest or self._streamed else "") + "--- stderr ---\n" + stderr
+        self._emit(rest)
+        return self._with_session(TurnOutcome("completed", stop_reason="end_turn"))
+
+    def _reply_rest(self) -> str:
+        return reply_rest("".join(self._streamed), "\n".join(self._body), self._final)
+
+    def _exit_error(self, proc: AgentProcess, code: int | None, launch: Launch) -> TurnError:
+        if code is not None and code < 0:
+            message = f"the profile was killed by {_signal_name(-code)}"
+        else:
+            message = f"the profile exited with code {code}"
+        data: dict[str, object] = {"exitCode": code}
+        if launch.include_stderr:
+            tail = proc.stderr_tail(self._limits.client_stderr_tail_bytes)
+            data["stderrTail"] = tail
+            message += f"\n--- stderr ---\n{tail}" if tail else ""
+        return TurnError("PROFILE_EXIT", message, data)
+
+    def _with_session(self, outcome: TurnOutcome) -> TurnOutcome:
+        parser = self._parser
+        if isinstance(parser, ClaudeStreamParser):
+            outcome = replace(outcome, usage=parser.usage, resolved_model=parser.model)
+        return replace(outcome, upstream_session_id=self.session_id)
+
+
+def reply_rest(streamed: str, body: str, final: str | None = None) -> str:
+    """What to send at a successful exit after ``streamed``, so that nothing is sent twice.
+
+    Args:
+        streamed: The partials already sent.
+        body: The body lines joined with ``\\n``.
+        final: Claude's ``result`` text, sent only when nothing was streamed.
+    """
+    if final is not None:
+        return "" if streamed else final
+    if not body or not streamed:
+        return body
+    if body.startswith(streamed):
+        return body[len(streamed) :]
+    if streamed.startswith(body) or streamed.rstrip() == body.rstrip():
+        return ""
+    return ("" if streamed.endswith("\n") else "\n") + body
+
+
+async def _feed(proc: AgentProcess, data: bytes) -> None:
+    """Write the message to stdin, then close it so a child reading to EOF goes on (#14)."""
+    try:
+        await proc.send(data)
+    except anyio.BrokenResourceError:
+        logger.debug("pid %d closed stdin before reading the whole message", proc.pid)
+    # AgentProcess has no public "close stdin" yet; its own helper is bounded and quiet.
+    await proc._close_stdin()  # noqa: SLF001
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,313 @@
+"""Exec profiles' configuration: the iLink Hub Bridge profile keys, and how a profile's command
+line is resolved (runtime by script extension, the pinned ``tsx``, the built-in ``claude-code``).
+
+A profile comes from ``profiles.<id>`` in the bridge's YAML (the iLink layout) or from
+``providers.<id>: {type: profile | claude-code, …}`` with the same snake_case keys. Key names and
+defaults follow the iLink profile spec (exec-profiles-and-hermes.md §2); unknown keys are errors.
+Every error names the profile and the key (``profiles.bot.script: …``).
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from compat.presets import _version_key, agents_dir, find_command
+
+TSX_VERSION = "4.23.15"  # keep in step with scripts/install-profile-tools.sh
+CLAUDE_CLI = "node_modules/@anthropic-ai/claude-agent-sdk/cli.js"
+RUNTIMES: Mapping[str, str] = {
+    ".py": "python3", ".js": "node", ".mjs": "node", ".cjs": "node", ".ts": "tsx",
+    ".sh": "bash", ".bash": "bash", ".rb": "ruby",
+}  # fmt: skip
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "fish", "ash"})
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ProfileConfigError(ValueError):
+    """A profile cannot be used; the message names the profile and the key."""
+
+
+class ProfileConfig(BaseModel):
+    """One exec profile. ``${VAR}`` in ``script``, ``command``, ``args``, ``cwd`` and ``env`` values
+    is replaced from the bridge's environment when the profile is validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: Literal["exec", "claude-code"] = "exec"
+    script: str | None = None
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    cwd: str | None = None  # default: the turn's workingDirectory
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_secs: float = Field(300.0, gt=0)
+    streaming: bool = True
+    stdin: Literal["message", "none"] = "none"
+    send_error_reply: bool = True
+    include_stderr_in_reply: bool = False
+    cli_session_first_line_prefix: str | None = None
+    label: str | None = None
+    max_concurrent: int = Field(8, ge=1, validation_alias=AliasChoices("max_concurrent", "maxConcurrent"))
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _profile_is_exec(cls, value: Any) -> Any:
+        return "exec" if value == "profile" else value  # providers.<id>: {type: profile}
+
+    @field_validator("stdin", mode="before")
+    @classmethod
+    def _null_stdin(cls, value: Any) -> Any:
+        return "none" if value is None else value
+
+    @field_validator("script", "command", "cwd", "cli_session_first_line_prefix", "label")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("script", "command", "cwd")
+    @classmethod
+    def _expand_str(cls, value: str | None) -> str | None:
+        return None if value is None else expand_vars(value)
+
+    @field_validator("args")
+    @classmethod
+    def _expand_args(cls, value: list[str]) -> list[str]:
+        return [expand_vars(arg) for arg in value]
+
+    @field_validator("env")
+    @classmethod
+    def _expand_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"invalid variable name {name!r}")
+        return {name: expand_vars(v) for name, v in value.items()}
+
+    @model_validator(mode="after")
+    def _launchable(self) -> ProfileConfig:
+        if self.type == "exec" and not (self.script or self.command):
+            raise ValueError("one of script or command is required (or type: claude-code)")
+        if _shell_with_message(self.command, self.args):
+            raise ValueError("{{MESSAGE}} in args of a shell run with -c would let the message run as code; "
+                             "read $AGENT_MESSAGE in the script instead")  # fmt: skip
+        return self
+
+
+def expand_vars(value: str) -> str:
+    """Replace ``${VAR}`` from the bridge's environment.
+
+    Raises:
+        ValueError: A referenced variable is not set.
+    """
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ValueError(f"environment variable ${{{name}}} is not set")
+        return os.environ[name]
+
+    return _VAR.sub(sub, value)
+
+
+def _shell_with_message(command: str | None, args: list[str]) -> bool:
+    if not command or os.path.basename(command.split()[0]) not in _SHELLS:
+        return False
+    runs_code = any(re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", a) for a in [*command.split()[1:], *args])
+    return runs_code and any("{{MESSAGE}}" in a for a in args)
+
+
+# ---- parsing a configuration --------------------------------------------------------------------
+
+
+def parse_profile(where: str, raw: Any) -> ProfileConfig:
+    """Validate one profile; ``where`` is its config path (``profiles.bot``).
+
+    Raises:
+        ProfileConfigError: Each bad key, as ``<where>.<key>: <message>``.
+    """
+    try:
+        return ProfileConfig.model_validate({} if raw is None else raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_url=False, include_input=False):
+            key = ".".join(str(p) for p in err["loc"])
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}.{key}: {msg}" if key else f"{where}: {msg}")
+        raise ProfileConfigError("\n".join(lines)) from None
+
+
+def parse_profiles(
+    profiles: Mapping[str, Any] | None,
+    providers: Mapping[str, Any] | None = None,
+    *,
+    profile_dir: str | os.PathLike[str],
+    reserved: Iterable[str] = (),
+    check_runtime: bool = True,
+) -> tuple[dict[str, ProfileConfig], dict[str, Any] | None]:
+    """Collect the profiles of a raw (YAML-loaded) configuration.
+
+    Args:
+        profiles: The top-level ``profiles:`` mapping (iLink layout), or None.
+        providers: The raw ``providers:`` mapping; entries with ``type: profile`` or
+            ``type: claude-code`` are profiles, the others are left alone.
+        profile_dir: Where relative ``script:``/``cwd:`` paths and ``{{PROFILE_DIR}}`` point (the
+            config file's directory).
+        reserved: Ids of providers that exist without a ``providers:`` entry (the presets and
+            ``knowledge`` when ``providers:`` is absent); a profile may not take them.
+        check_runtime: Also resolve each profile's runtime and script (see :func:`resolve_runtime`).
+
+    Returns:
+        ``({id: ProfileConfig}, providers without the profile entries)``, both in config order.
+
+    Raises:
+        ProfileConfigError: An invalid profile, a missing runtime or script, or an id used twice
+            (profiles and providers share one id space).
+    """
+    found: dict[str, ProfileConfig] = {}
+    rest = None if providers is None else dict(providers)
+    if profiles is not None and not isinstance(profiles, Mapping):
+        raise ProfileConfigError("profiles: must be a mapping of profile ids to profiles")
+    taken = set(reserved)
+    for profile_id, raw in (profiles or {}).items():
+        if rest is not None and profile_id in rest:
+            raise ProfileConfigError(f"profiles.{profile_id}: the id is also used by providers.{profile_id}")
+        if profile_id in taken:
+            raise ProfileConfigError(f"profiles.{profile_id}: the id is already used by the built-in provider {profile_id}")
+        found[str(profile_id)] = parse_profile(f"profiles.{profile_id}", raw)
+    for provider_id, raw in (providers or {}).items():
+        if isinstance(raw, Mapping) and raw.get("type") in ("profile", "claude-code"):
+            found[str(provider_id)] = parse_profile(f"providers.{provider_id}", raw)
+            assert rest is not None
+            del rest[provider_id]
+    if check_runtime:
+        for profile_id, profile in found.items():
+            where = f"profiles.{profile_id}" if profiles and profile_id in profiles else f"providers.{profile_id}"
+            resolve_runtime(profile, profile_dir, where=where)
+    return found, rest
+
+
+# ---- resolving the command line -----------------------------------------------------------------
+
+
+def tools_dir() -> Path:
+    """The profile tools cache: ``$XWORKMATE_TOOLS_DIR``, else
+    ``${XDG_CACHE_HOME:-~/.cache}/xworkmate-bridge/tools`` (scripts/install-profile-tools.sh)."""
+    explicit = os.environ.get("XWORKMATE_TOOLS_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "xworkmate-bridge" / "tools"
+
+
+def find_tsx() -> str | None:
+    """The pinned ``tsx`` from the tools cache (``tsx-<TSX_VERSION>``, else the newest installed),
+    then ``tsx`` on PATH. Never fetched (no ``npx``)."""
+    root = tools_dir()
+    pinned = root / f"tsx-{TSX_VERSION}" / "node_modules" / ".bin" / "tsx"
+    others = sorted(root.glob("tsx-*/node_modules/.bin/tsx"), key=lambda p: _version_key(p.parts[-4]), reverse=True)
+    for path in (pinned, *others):
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return shutil.which("tsx")
+
+
+def find_claude_cli() -> str | None:
+    """``cli.js`` of the Claude Code CLI bundled by ``@zed-industries/claude-agent-acp`` in the
+    ``make agents`` cache, newest version first."""
+    root = agents_dir()
+    found = root.glob(f"claude-agent-acp-*/{CLAUDE_CLI}")
+    newest = sorted(found, key=lambda p: _version_key(p.relative_to(root).parts[0]), reverse=True)
+    return str(newest[0]) if newest else None
+
+
+def _runtime(name: str, where: str) -> str:
+    path = find_tsx() if name == "tsx" else shutil.which(name)
+    if path is None:
+        hint = " (run scripts/install-profile-tools.sh)" if name == "tsx" else ""
+        raise ProfileConfigError(f"{where}: runtime {name!r} is not installed{hint}")
+    if name == "tsx" and shutil.which("node") is None:
+        raise ProfileConfigError(f"{where}: runtime 'node' (needed by tsx) is not installed")
+    return path
+
+
+def _local_path(value: str, profile_dir: Path) -> Path:
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else profile_dir / path
+
+
+def _command(command: str, profile_dir: Path, where: str) -> list[str]:
+    parts = [command]
+    if any(c.isspace() for c in command) and not _local_path(command, profile_dir).exists():
+        parts = shlex.split(command)  # "npx tsx"-style commands without args (as agentproc does)
+    head = parts[0]
+    if os.sep in head:
+        found = _local_path(head, profile_dir)
+        resolved = str(found) if found.is_file() and os.access(found, os.X_OK) else None
+    else:
+        resolved = find_command(head)
+    if resolved is None:
+        raise ProfileConfigError(f"{where}.command: {head!r} is not an executable file or on PATH")
+    return [resolved, *parts[1:]]
+
+
+def resolve_runtime(
+    profile: ProfileConfig, profile_dir: str | os.PathLike[str], *, where: str = "profile"
+) -> list[str]:
+    """The command-line prefix that runs ``profile`` (before its ``args``).
+
+    ``{{PROFILE_DIR}}`` may appear in ``script`` and ``command``. ``command`` (split like a shell
+    word list when it has spaces and is no file, as agentproc does) replaces the runtime inferred
+    from the ``script`` extension (``.py`` → python3,
+    ``.js``/``.mjs``/``.cjs`` → node, ``.ts`` → the pinned tsx, ``.sh``/``.bash`` → bash, ``.rb``
+    → ruby); any other script is executed directly and must be executable. ``type: claude-code``
+    is ``node <cli.js>`` (``script:`` may point at another ``cli.js``, ``command:`` at a ``claude``
+    executable).
+
+    Args:
+        profile: The validated profile.
+        profile_dir: Base of relative ``script``/``command`` paths.
+        where: The profile's config path for messages (``profiles.bot``).
+
+    Returns:
+        ``[runtime, script]``, ``[script]``, ``[command, script]`` or ``[command]``, absolute.
+
+    Raises:
+        ProfileConfigError: The script is missing or not executable, or a runtime is not installed.
+    """
+    base = Path(profile_dir)
+    command, script_value = (None if v is None else v.replace("{{PROFILE_DIR}}", str(base))
+                             for v in (profile.command, profile.script))  # fmt: skip
+    if profile.type == "claude-code" and not script_value:
+        if command:
+            return _command(command, base, where)
+        cli = find_claude_cli()
+        if cli is None:
+            raise ProfileConfigError(f"{where}.type: claude-code needs {CLAUDE_CLI} from claude-agent-acp "
+                                     f"in {agents_dir()} (run `make agents`)")  # fmt: skip
+        return [_runtime("node", f"{where}.type"), cli]
+    if not script_value:
+        assert command is not None
+        return _command(command, base, where)
+    script = _local_path(script_value, base)
+    if not script.is_file():
+        raise ProfileConfigError(f"{where}.script: {str(script)!r} does not exist")
+    if command:
+        return [*_command(command, base, where), str(script)]
+    runtime = RUNTIMES.get(script.suffix.lower())
+    if runtime is None:
+        if not os.access(script, os.X_OK):
+            reason = "is not executable (and its extension names no runtime)"
+            raise ProfileConfigError(f"{where}.script: {str(script)!r} {reason}")
+        return [str(script)]
+    return [_runtime(runtime, f"{where}.script"), str(script)]
+

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the pinned tools that exec profiles and their tests use into the cache outside the work
+# tree, so nothing is fetched when a turn runs:
+#   tools/tsx-<ver>          the TypeScript runner for `script: x.ts` profiles (npm `tsx`)
+#   tools/agentproc-<ver>    a virtualenv with the AgentProc P0 SDK (PyPI `agentproc`), used by the
+#                            compatibility tests with third-party profile code
+# A re-run with the same versions does nothing; a version bump installs beside the old one.
+# Prints the tools directory.
+set -euo pipefail
+
+TSX_VERSION="4.23.15"
+AGENTPROC_VERSION="0.4.2"
+TOOLS="${XWORKMATE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/xworkmate-bridge/tools}"
+PYTHON="${PYTHON:-python3}"
+mkdir -p "$TOOLS"
+
+install_tsx() {
+  local dir="$TOOLS/tsx-$TSX_VERSION" want="tsx@$TSX_VERSION"
+  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$want" ] && [ -x "$dir/node_modules/.bin/tsx" ]; then
+    return 0
+  fi
+  command -v npm >/dev/null || { echo "install-profile-tools: npm not found, skipping $want" >&2; return 0; }
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "installing $want into $dir" >&2
+  (cd "$dir" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error "$want" >&2)
+  echo "$want" > "$dir/.installed"
+}
+
+install_agentproc() {
+  local dir="$TOOLS/agentproc-$AGENTPROC_VERSION" want="agentproc==$AGENTPROC_VERSION"
+  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$want" ] && [ -x "$dir/bin/python" ]; then
+    return 0
+  fi
+  rm -rf "$dir"
+  echo "installing $want into $dir" >&2
+  "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check "$want" >&2
+  echo "$want" > "$dir/.installed"
+}
+
+install_tsx &
+install_agentproc &
+fail=0
+for job in $(jobs -p); do wait "$job" || fail=1; done
+[ "$fail" = 0 ] || { echo "install-profile-tools: an install failed (see above)" >&2; exit 1; }
+echo "$TOOLS"
