@@ -115,6 +115,8 @@ class AcpSession:
                     await self._conn.peer.wait_idle(_DETACH_BOUND)
                 host.cancel_scope.cancel()
         if outcome is not None:
+            if self._conn is not None:  # the agent stays between turns: keep its tree in view
+                await self._conn.process.refresh_descendants()
             return outcome
         turn.cancel_permissions()
         await self._drop_conn()
@@ -174,6 +176,7 @@ class AcpSession:
             session_id = await self._open_acp_session(turn, conn, cwd)
             turn.resolved_model = await self._models.apply(conn, session_id, model, turn.emit)
             phase = "prompt"
+            await conn.process.refresh_descendants()  # what the agent started so far (#15)
             turn.prompt_sent = True
             result = await conn.prompt(session_id, prompt_blocks(request))
         except SpawnError as exc:

@@ -6,29 +6,42 @@ from field-failures.md: stderr is always drained into a bounded tail (#13), stdo
 bounded and an unterminated final line is still delivered (#9), the child gets its own process
 group so a kill reaches launcher wrappers and grandchildren (#15), and every wait is bounded.
 
+Descendants that call ``setsid`` leave the group, and once the leader is reaped they are
+re-parented out of reach. So while the leader runs, :meth:`AgentProcess.pump_stderr` keeps a
+snapshot of its descendants (pid and start time, via psutil, refreshed in a worker thread about
+once a second and whenever the owner calls :meth:`AgentProcess.refresh_descendants`), and
+:meth:`AgentProcess.terminate` signals the group and every snapshot entry still running.
+
 The caller hosts the pumps: it runs :meth:`AgentProcess.pump_stderr` in a task group it owns and
 calls :meth:`AgentProcess.receive_line` from its reader. Between pumps, asyncio keeps buffering
 the pipes (up to about 128 KiB each), so a briefly idle reader never blocks the child.
+
+Secrets in stderr: the tail is redacted as a whole and only then cut to the size a client sees,
+and every cut starts on a line boundary (:func:`cut_tail`), so no part of a secret that a cut
+would split is ever shown.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from bridge.rpc.redact import redact, register_secret
+from bridge.rpc.redact import redact, register_env_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +53,37 @@ ENV_ALLOW_PREFIXES = ("LC_", "XDG_")
 ENV_NEVER = frozenset({"BRIDGE_AUTH_TOKEN"})
 """Never handed to a child, even when an operator lists it: it would let the agent drive us."""
 
-_SECRET_NAME = re.compile(r"(?i)key|token|secret|passw|credential|auth")
 _KILL_WAIT = 2.0  # seconds to wait for the leader after SIGKILL (it cannot ignore it)
 _PREVIEW_CHARS = 300
+_SCAN_RAMP = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds between the first descendant scans: launchers
+_SCAN_EVERY = 1.0  # fork early, and a short-lived leader must not take its tree out of view
+_BLANK = re.compile(r"\s")
+
+
+def cut_tail(text: str, max_bytes: int) -> str:
+    """The end of ``text`` in at most ``max_bytes`` UTF-8 bytes, starting on a line boundary.
+
+    The first, partial line of the cut is dropped (when the cut holds no newline: up to the first
+    whitespace, and with none, everything), so a secret the cut would split never shows in part.
+    Redact ``text`` before cutting it.
+    """
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    if max_bytes <= 0:
+        return ""
+    kept = data[-max_bytes:].decode("utf-8", "ignore")  # "ignore": a split first character
+    if data[-max_bytes - 1 : -max_bytes] == b"\n":
+        return kept  # the cut fell on a line boundary
+    return _drop_partial_head(kept)
+
+
+def _drop_partial_head(text: str) -> str:
+    newline = text.find("\n")
+    if newline >= 0:
+        return text[newline + 1 :]
+    blank = _BLANK.search(text)
+    return text[blank.end() :] if blank else ""
 
 
 class SpawnError(Exception):
@@ -71,7 +112,8 @@ def child_env(
     """Build a child environment from an allow-list instead of inheriting ours.
 
     Args:
-        env: Provider ``env`` values; they win over inherited ones and are registered as secrets.
+        env: Provider ``env`` values; they win over inherited ones. Values under secret-looking
+            names are registered with the redactor.
         passthrough: Extra variable names copied from ``parent`` (provider ``envPassthrough``).
         parent: The environment to copy from; defaults to ``os.environ``.
 
@@ -87,11 +129,10 @@ def child_env(
     for name in passthrough:
         if name in parent:
             out[name] = parent[name]
-            if _SECRET_NAME.search(name):
-                register_secret(parent[name])
-    for name, value in (env or {}).items():
-        out[name] = value
-        register_secret(value)
+    out.update(env or {})
+    # Only values under secret-looking names: registering paths and flags would redact them
+    # (e.g. a value "error") out of every diagnostic.
+    register_env_secrets({name: out[name] for name in (*passthrough, *(env or {})) if name in out})
     for name in ENV_NEVER:
         out.pop(name, None)
     return out
@@ -155,7 +196,16 @@ class AgentProcess:
         self._max_line = max_line_bytes
         self._tail = bytearray()
         self._tail_bytes = stderr_tail_bytes
+        self._tail_cut = False  # the ring dropped bytes: its first line may be partial
+        self.stderr_bytes = 0
+        """How many stderr bytes the pump has read so far."""
         self._stderr_eof = anyio.Event()
+        try:  # psutil ties the pid to its start time, so a reused pid is never mistaken for it
+            self._leader: psutil.Process | None = psutil.Process(self.pid)
+        except psutil.Error:
+            self._leader = None  # already gone
+        self._known: dict[int, psutil.Process] = {}  # descendants seen, by pid
+        self._scan_lock = threading.Lock()
         self._terminate_lock = anyio.Lock()
         self._terminated = False
 
@@ -165,26 +215,45 @@ class AgentProcess:
         return self._process.returncode
 
     def stderr_tail(self, max_bytes: int | None = None) -> str:
-        """The last ``max_bytes`` (default: all kept) bytes of stderr, decoded and redacted."""
-        data = bytes(self._tail if max_bytes is None else self._tail[-max_bytes:])
-        return redact(data.decode("utf-8", "replace"))
+        """The end of stderr, redacted, in at most ``max_bytes`` UTF-8 bytes (default: all kept).
+
+        The whole kept tail is redacted before it is cut, and every cut starts on a line
+        boundary (see :func:`cut_tail`): a secret is never shown in part.
+        """
+        text = self._tail.decode("utf-8", "replace")
+        if self._tail_cut:
+            text = _drop_partial_head(text)
+        text = redact(text)
+        return text if max_bytes is None else cut_tail(text, max_bytes)
 
     async def pump_stderr(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Drain stderr into the bounded tail until EOF; run it in the caller's task group."""
+        """Drain stderr into the bounded tail until EOF; run it in the caller's task group.
+
+        While the leader runs, this also keeps the snapshot of its descendants fresh (see
+        :meth:`refresh_descendants`); it returns once stderr is closed and the leader exited.
+        """
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._track_descendants)
+            task_status.started()
+            await self._drain_stderr()
+
+    async def _drain_stderr(self) -> None:
         stream = self._process.stderr
         assert stream is not None
-        task_status.started()
         while True:
             try:
                 chunk = await stream.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._stderr_eof.set()
                 return
+            self.stderr_bytes += len(chunk)
             self._tail += chunk
-            if len(self._tail) > self._tail_bytes:
-                del self._tail[: len(self._tail) - self._tail_bytes]
+            excess = len(self._tail) - self._tail_bytes
+            if excess > 0:
+                self._tail_cut = self._tail[excess - 1] != 0x0A  # not cut on a line boundary
+                del self._tail[:excess]
             if logger.isEnabledFor(logging.DEBUG):
                 text = chunk[:_PREVIEW_CHARS].decode("utf-8", "replace")
                 logger.debug("pid %d stderr: %s", self.pid, redact(text))
@@ -233,8 +302,45 @@ class AgentProcess:
         except (anyio.ClosedResourceError, OSError) as exc:
             raise anyio.BrokenResourceError from exc
 
+    @property
+    def known_descendants(self) -> frozenset[int]:
+        """The pids in the descendant snapshot (see :meth:`refresh_descendants`)."""
+        return frozenset(self._known)
+
+    async def refresh_descendants(self) -> None:
+        """Add the leader's current descendants to the snapshot that :meth:`terminate` kills.
+
+        Runs the process-table scan in a worker thread; entries that ended are dropped. Does
+        nothing once the leader exited (its children were re-parented out of view). Owners call
+        it at turn boundaries; :meth:`pump_stderr` calls it about once a second.
+        """
+        if self.returncode is None and self._leader is not None:
+            await anyio.to_thread.run_sync(self._scan)
+
+    def _scan(self) -> None:
+        with self._scan_lock:
+            known: dict[int, psutil.Process] = {}
+            if self.returncode is None and self._leader is not None:
+                with suppress(psutil.Error):
+                    children = self._leader.children(recursive=True)
+                    known = {p.pid: p for p in children if _running(p)}
+            for pid, proc in self._known.items():
+                if pid not in known and _running(proc):
+                    known[pid] = proc  # escaped: re-parented, yet still ours to end
+            self._known = known
+
+    async def _track_descendants(self) -> None:
+        delays = itertools.chain(_SCAN_RAMP, itertools.repeat(_SCAN_EVERY))
+        while self.returncode is None:
+            await self.refresh_descendants()
+            with anyio.move_on_after(next(delays)):
+                await self._process.wait()
+
     async def wait(self, timeout: float) -> int | None:
-        """Wait up to ``timeout`` seconds for the leader to exit; return its status or None."""
+        """Wait up to ``timeout`` seconds for the leader to exit; return its status or None.
+
+        Returns when the leader exits, even while a descendant still holds its pipes open.
+        """
         with anyio.move_on_after(timeout):
             return await self._process.wait()
         return self._process.returncode
@@ -242,10 +348,12 @@ class AgentProcess:
     async def terminate(self, grace: float) -> int | None:
         """End the child and everything it started, then release the pipes. Idempotent.
 
-        Sequence: close stdin; SIGTERM the process group and every descendant seen before the
-        signal (those that called ``setsid`` escaped the group); wait up to ``grace`` seconds for
-        the leader; SIGKILL whatever is left; wait (bounded) and close our pipe ends. Runs
-        shielded, so a cancelled caller still leaves nothing behind (field-failures #15).
+        Sequence: close stdin; SIGTERM the process group and every descendant in the snapshot
+        (refreshed first while the leader runs; those that called ``setsid`` escaped the group,
+        and after the leader exited only the snapshot still finds them); wait up to ``grace``
+        seconds for the leader; SIGKILL the group and every descendant (again); wait (bounded)
+        and close our pipe ends. Runs shielded, so a cancelled caller still leaves nothing
+        behind (field-failures #15).
 
         Args:
             grace: Seconds between SIGTERM and SIGKILL.
@@ -262,13 +370,13 @@ class AgentProcess:
 
     async def _terminate(self, grace: float) -> None:
         # Snapshot first: once stdin closes the leader may exit, and its children are re-parented
-        # out of our reach (only the group signal would still find them).
-        victims = self._descendants()
+        # out of our reach (only the group signal and the snapshot would still find them).
+        await self.refresh_descendants()
         await self._close_stdin()
-        self._signal(signal.SIGTERM, victims)
+        self._signal(signal.SIGTERM)
         if await self.wait(grace) is None:
-            victims += self._descendants()
-        self._signal(signal.SIGKILL, victims)
+            await self.refresh_descendants()
+        self._signal(signal.SIGKILL)  # also what survived SIGTERM after the leader exited
         if await self.wait(_KILL_WAIT) is None:
             logger.warning("pid %d did not exit after SIGKILL", self.pid)
             return
@@ -281,17 +389,17 @@ class AgentProcess:
             with anyio.move_on_after(1.0), suppress(OSError, anyio.BrokenResourceError):
                 await self._process.stdin.aclose()
 
-    def _descendants(self) -> list[psutil.Process]:
-        if self.returncode is not None:
-            return []  # reaped: the pid may already belong to someone else
-        try:
-            return psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            return []
-
-    def _signal(self, sig: int, victims: list[psutil.Process]) -> None:
+    def _signal(self, sig: int) -> None:
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-        for proc in victims:
+        for proc in list(self._known.values()):
             with suppress(psutil.Error):
                 proc.send_signal(sig)  # psutil checks the pid was not reused
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Still running as the process we saw (same start time), and not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -25,7 +25,7 @@ from bridge.rpc.redact import redact, register_env_secrets
 from compat._acp_connection import AcpConnection
 from compat._acp_mapping import IGNORED_UPDATE_KINDS, UNMAPPED_UPDATE_KINDS
 from compat._acp_session import KILL_GRACE, AcpSession
-from compat._process import SpawnError, child_env
+from compat._process import SpawnError, child_env, cut_tail
 from compat.base import ProbeResult, ProviderInfo
 from compat.jsonrpc_peer import (
     NotificationHandler,
@@ -40,6 +40,8 @@ from compat.settings import Limits, ProviderConfig, Timeouts
 __all__ = ["AcpAdapter", "AcpSession", "IGNORED_UPDATE_KINDS", "UNMAPPED_UPDATE_KINDS"]
 
 logger = logging.getLogger(__name__)
+
+_REASON_TAIL_BYTES = 500  # stderr in a probe's reason (``unavailableReason``)
 
 
 class AcpAdapter:
@@ -179,7 +181,8 @@ class AcpAdapter:
         except RequestTimeout as exc:
             return ProbeResult("error", f"initialize timed out after {exc.timeout} s")
         except PeerClosed as exc:
-            detail = f"agent exited with code {exc.exit_code}: {exc.stderr_tail[-500:]}"
+            tail = cut_tail(exc.stderr_tail, _REASON_TAIL_BYTES)  # redacted, on a line boundary
+            detail = f"agent exited with code {exc.exit_code}: {tail}"
             return ProbeResult("error", detail)
         except PeerError as exc:
             return ProbeResult("error", redact(str(exc)))

@@ -8,6 +8,10 @@ message, are logged at debug and skipped (#10); an unknown incoming request is a
 once and an unknown notification gets nothing (#2); a line over the bound fails every pending
 request with :class:`PeerProtocolError`, after which the caller kills the child (#9).
 
+The end of the child is the leader's exit, not stdout EOF, which never comes while a descendant
+still holds the pipe (#15): once the leader exited, the peer reads what stdout and stderr still
+hold for a short, bounded time, then fails every pending request with :class:`PeerClosed`.
+
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +37,8 @@ INTERNAL_ERROR = -32603
 _PREVIEW_BYTES = 200
 _EXIT_WAIT = 2.0  # seconds to wait for an exit status once stdout closed
 _STDERR_WAIT = 0.5  # seconds to let the stderr pump catch the child's last words
+_EXIT_DRAIN = 1.0  # seconds, at most, to read what the pipes hold once the leader exited ...
+_EXIT_QUIET = 0.15  # ... ending earlier once they stayed quiet this long
 
 RequestHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 NotificationHandler = Callable[[dict[str, Any]], None]
@@ -108,6 +115,8 @@ class JsonRpcPeer:
         self._busy = 0
         self._idle = anyio.Event()
         self._idle.set()
+        self._lines = 0  # stdout lines read so far
+        self._stdout_ended = anyio.Event()  # EOF or a framing error: the reader ends the peer
 
     @property
     def error(self) -> PeerError | None:
@@ -177,10 +186,13 @@ class JsonRpcPeer:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Read stdout and dispatch messages until EOF or a framing error; never raises."""
+        """Read stdout and dispatch messages until EOF, a framing error or the leader's exit
+        (plus a bounded drain); never raises."""
         async with anyio.create_task_group() as tg:
             task_status.started()
-            await self._read_loop(tg)
+            with anyio.CancelScope() as reading:
+                tg.start_soon(self._end_after_exit, reading)
+                await self._read_loop(tg)
             tg.cancel_scope.cancel()  # handlers cannot answer a closed peer
 
     async def _read_loop(self, tg: anyio.abc.TaskGroup) -> None:
@@ -188,13 +200,34 @@ class JsonRpcPeer:
             try:
                 line = await self.process.receive_line()
             except LineTooLong as exc:
+                self._stdout_ended.set()
                 self._fail(PeerProtocolError(str(exc)))
             except anyio.EndOfStream:
+                self._stdout_ended.set()
                 code = await self.process.wait(_EXIT_WAIT)
                 await self.process.wait_stderr_eof(_STDERR_WAIT)
                 self._fail(PeerClosed(code, self.process.stderr_tail(self._tail_bytes)))
             else:
+                self._lines += 1
                 self._dispatch(line, tg)
+
+    async def _end_after_exit(self, reading: anyio.CancelScope) -> None:
+        """Once the leader exited, let the reader take what the pipes still hold, then end."""
+        code = await self.process.wait(math.inf)
+        with anyio.move_on_after(_EXIT_DRAIN):
+            while True:
+                seen = (self._lines, self.process.stderr_bytes)
+                with anyio.move_on_after(_EXIT_QUIET):
+                    await self._stdout_ended.wait()
+                    return  # the reader got EOF (no descendant holds stdout): it ends the peer
+                if (self._lines, self.process.stderr_bytes) == seen:
+                    break
+        if self._stdout_ended.is_set():
+            return
+        logger.debug("pid %d exited with %s; a descendant holds stdout, not waiting for EOF",
+                     self.process.pid, code)  # fmt: skip
+        self._fail(PeerClosed(code, self.process.stderr_tail(self._tail_bytes)))
+        reading.cancel()
 
     def _dispatch(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
         msg = _decode(line)

@@ -24,6 +24,9 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     configoptions    session/new returns configOptions (mode + model); accepts set_config_option
     loadsession      advertises loadSession; sessions live in --state so a new process can
                      load (and replay) them
+    leak-key         on the prompt: writes $FAKE_API_KEY to stderr, padded so that the last
+                     --leak-cut (default 4096) bytes start 6 characters into it, and exits 1
+    leak-key-start   the same at start-up, before answering anything
     unknown-request  mid-turn sends a vendor notification, a `_vendor.example/drain` request and
                      an `fs/read_text_file` request, waits for the answers and echoes their codes
 
@@ -57,6 +60,7 @@ class FakeAgent:
         self.log_path = args.log
         self.state_path = args.state
         self.perm_kinds = args.perm_kinds.split(",")
+        self.leak_cut = args.leak_cut
         self.lock = threading.Lock()
         self.authed = False
         self.sessions: dict[str, dict] = self._load_state()
@@ -131,6 +135,8 @@ class FakeAgent:
             self.start_grandchildren()
         if "stderrflood" in self.modes:
             self.stderr(("f" * (KIB - 1) + "\n") * 2 * KIB)
+        if "leak-key-start" in self.modes:
+            self.leak_key()
         for line in sys.stdin:
             if not line.strip():
                 continue
@@ -157,6 +163,13 @@ class FakeAgent:
                 self.error(msg_id, -32601, "Method not found")
             else:
                 handler(msg_id, params)
+
+    def leak_key(self) -> None:
+        """A key on stderr where a cut of the last --leak-cut bytes would split it; exit 1."""
+        key = os.environ["FAKE_API_KEY"]
+        cut = self.leak_cut
+        self.stderr("boot: key " + key + "\n" + "p" * (cut - len(key) + 5))
+        os._exit(1)
 
     def start_grandchildren(self) -> None:
         pids = [subprocess.Popen(["sleep", "600"]).pid]
@@ -265,6 +278,8 @@ class FakeAgent:
 
     def behave(self, sid: str, text: str, cancelled: threading.Event) -> str | None:
         modes = self.modes
+        if "leak-key" in modes:
+            self.leak_key()
         if "crash" in modes:
             self.chunk(sid, "partial")
             self.stderr("fatal: model exploded (api_key=sk-fake0123456789abcdef)\n")
@@ -355,6 +370,7 @@ def main() -> None:
     parser.add_argument("--log", help="append JSON lines about received messages here")
     parser.add_argument("--state", help="session store for loadsession")
     parser.add_argument("--perm-kinds", default="allow_once,allow_always,reject_once,reject_always")
+    parser.add_argument("--leak-cut", type=int, default=4 * KIB, help="see mode leak-key")
     parser.add_argument("-m", dest="model", help="launch-time model (a client's modelFlag)")
     FakeAgent(parser.parse_args()).run()
 
