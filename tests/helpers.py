@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 from typing import Any, AsyncContextManager, AsyncIterator, TypeVar
 
 import anyio
+import orjson
 
 from bridge.config import BridgeConfig
 from bridge.server import BridgeServer, uvicorn_config
@@ -62,3 +64,45 @@ async def real_server(config: BridgeConfig, app: Any) -> AsyncIterator[int]:
         finally:
             server.should_exit = True  # uvicorn checks it every 0.1 s, also during startup
     sock.close()
+
+
+_client_ids = itertools.count(1)
+
+
+class WsClient:
+    """A WebSocket client that collects notifications and returns responses by id."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.notes: list[dict[str, Any]] = []
+        self.replies: dict[Any, dict[str, Any]] = {}
+        self.changed = anyio.Event()
+
+    async def pump(self) -> None:
+        async for frame in self.ws:
+            message = orjson.loads(frame)
+            if "method" in message:
+                self.notes.append(message)
+            else:
+                self.replies[message["id"]] = message
+            self.changed.set()
+            self.changed = anyio.Event()
+
+    async def send(self, method: str, params: dict[str, Any]) -> int:
+        request_id = next(_client_ids)
+        await self.ws.send(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).decode())
+        return request_id
+
+    async def wait(self, predicate: Any, timeout: float = 20) -> None:
+        with anyio.fail_after(timeout):
+            while not predicate():
+                await self.changed.wait()
+
+    async def call(self, method: str, params: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+        request_id = await self.send(method, params)
+        await self.wait(lambda: request_id in self.replies, timeout)
+        return self.replies[request_id]
+
+    def updates(self, turn_id: str | None = None) -> list[dict[str, Any]]:
+        ups = [n["params"] for n in self.notes if n["method"] == "session.update"]
+        return [u for u in ups if turn_id is None or u["turnId"] == turn_id]

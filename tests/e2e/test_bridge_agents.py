@@ -8,7 +8,6 @@ agent's offline recipe as its only provider, and a `websockets` client sends `se
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,12 @@ from bridge.config import BridgeConfig
 from orchestrator.models import SessionUpdate, TurnResult
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
-from tests.helpers import real_server
+from tests.helpers import WsClient as Client, real_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 AGENTS = ["opencode", "hermes", "gemini", "codex", "claude"]
 CHUNKS = ["Hello ", "from ", "mock"]
-_ids = itertools.count(1)
 
 
 def bridge_config(name: str, recipe: dict[str, Any], tmp_path: Path) -> BridgeConfig:
@@ -39,44 +37,6 @@ def bridge_config(name: str, recipe: dict[str, Any], tmp_path: Path) -> BridgeCo
         "workspaceRoots": [str(tmp_path)], "providers": {name: provider},
         "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
     })  # fmt: skip
-
-
-class Client:
-    """A WebSocket client that collects notifications and returns responses by id."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.notes: list[dict[str, Any]] = []
-        self.replies: dict[Any, dict[str, Any]] = {}
-        self.changed = anyio.Event()
-
-    async def pump(self) -> None:
-        async for frame in self.ws:
-            message = orjson.loads(frame)
-            if "method" in message:
-                self.notes.append(message)
-            else:
-                self.replies[message["id"]] = message
-            self.changed.set()
-            self.changed = anyio.Event()
-
-    async def send(self, method: str, params: dict[str, Any]) -> int:
-        request_id = next(_ids)
-        await self.ws.send(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).decode())
-        return request_id
-
-    async def wait(self, predicate: Any, timeout: float) -> None:
-        with anyio.fail_after(timeout):
-            while not predicate():
-                await self.changed.wait()
-
-    async def call(self, method: str, params: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-        request_id = await self.send(method, params)
-        await self.wait(lambda: request_id in self.replies, timeout)
-        return self.replies[request_id]
-
-    def updates(self) -> list[dict[str, Any]]:
-        return [n["params"] for n in self.notes if n["method"] == "session.update"]
 
 
 def agent_processes() -> list[psutil.Process]:

@@ -23,7 +23,7 @@ from bridge.cli import build_app
 from bridge.config import BridgeConfig, load_config
 from compat.profile_settings import tools_dir
 from orchestrator.models import SessionUpdate, TurnResult
-from tests.helpers import real_server
+from tests.helpers import WsClient as Client, real_server
 
 from .conftest import SCRIPTS
 
@@ -49,45 +49,6 @@ def make_profile_app(config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) ->
 def base_config(tmp_path: Path, profiles: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"workspaceRoots": [str(tmp_path)], "profileDir": str(SCRIPTS), "profiles": profiles,
             "timeouts": {"cancelGrace": 1, "turnTimeout": 30}, **extra}  # fmt: skip
-
-
-class Client:
-    """Collects notifications; returns responses by id."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.notes: list[dict[str, Any]] = []
-        self.replies: dict[Any, dict[str, Any]] = {}
-        self.changed = anyio.Event()
-
-    async def pump(self) -> None:
-        async for frame in self.ws:
-            message = orjson.loads(frame)
-            if "method" in message:
-                self.notes.append(message)
-            else:
-                self.replies[message["id"]] = message
-            self.changed.set()
-            self.changed = anyio.Event()
-
-    async def send(self, method: str, params: dict[str, Any]) -> int:
-        request_id = next(_ids)
-        await self.ws.send(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).decode())
-        return request_id
-
-    async def wait(self, predicate: Any, timeout: float = 20) -> None:
-        with anyio.fail_after(timeout):
-            while not predicate():
-                await self.changed.wait()
-
-    async def call(self, method: str, params: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
-        request_id = await self.send(method, params)
-        await self.wait(lambda: request_id in self.replies, timeout)
-        return self.replies[request_id]
-
-    def updates(self, turn_id: str | None = None) -> list[dict[str, Any]]:
-        ups = [n["params"] for n in self.notes if n["method"] == "session.update"]
-        return [u for u in ups if turn_id is None or u["turnId"] == turn_id]
 
 
 def turn(provider: str, session: str, prompt: str, cwd: Path) -> dict[str, Any]:
