@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcon
 from typing import Any
 
 import anyio
-from anyio.abc import ObjectReceiveStream, TaskGroup
+from anyio.abc import TaskGroup
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -35,6 +35,7 @@ from bridge.config import BridgeConfig
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc.codec import Invalid, parse_frame
 from bridge.rpc.errors import InvalidRequest, NotFound, OriginNotAllowed, ParseError, Unauthorized
+from bridge.outbox import Outbox
 from bridge.rpc.stream import EnvelopeStream
 from bridge.ws import AcpWebSocket
 
@@ -76,7 +77,8 @@ def create_app(
     auth = Authenticator.from_config(config, bind_host=bind_host)
     origins = OriginPolicy(config.allowed_origins)
     rpc = RpcEndpoint(dispatcher, auth, origins, config)
-    ws = AcpWebSocket(dispatcher, auth, origins, queue_size=config.limits.max_connection_queue)
+    ws = AcpWebSocket(dispatcher, auth, origins, queue_size=config.limits.max_connection_queue,
+                      queue_bytes=config.limits.max_connection_queue_bytes)  # fmt: skip
     routes = [
         Route("/", banner, methods=["GET"]),
         Route("/api/ping", ping, methods=["GET"]),
@@ -170,6 +172,7 @@ class RpcEndpoint:
         self._origins = origins
         self._limit = config.limits.max_message_bytes
         self._queue_size = config.limits.max_connection_queue
+        self._queue_bytes = config.limits.max_connection_queue_bytes
         self._keepalive = config.sse_keepalive
         self._background: TaskGroup | None = None
 
@@ -222,7 +225,7 @@ class RpcEndpoint:
             return self._detach(body, ctx, headers)
         if "text/event-stream" in request.headers.get("accept", "").lower():
             return _SseReply(self._dispatcher, body, ctx, headers, keepalive=self._keepalive,
-                             queue_size=self._queue_size)  # fmt: skip
+                             queue_size=self._queue_size, queue_bytes=self._queue_bytes)  # fmt: skip
         return await self._json(body, ctx, headers)
 
     async def _read(self, request: Request, headers: dict[str, str]) -> bytes | Response:
@@ -314,13 +317,14 @@ class _SseReply(EventSourceResponse):
         *,
         keepalive: float,
         queue_size: int,
+        queue_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self._dispatcher, self._frame = dispatcher, frame
-        self._sender, receiver = anyio.create_memory_object_stream[bytes](queue_size)
+        self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._offer)
         self._ctx = CallContext(ctx.principal, self._stream.notify, ctx.connection_id)
         self._rpc_scope: anyio.CancelScope | None = None
-        super().__init__(_events(receiver), headers=headers, ping=keepalive, sep="\n")
+        super().__init__(_events(self._outbox), headers=headers, ping=keepalive, sep="\n")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
@@ -330,23 +334,20 @@ class _SseReply(EventSourceResponse):
             tg.cancel_scope.cancel()
 
     async def _produce(self) -> None:
-        async with self._sender:
+        try:
             async with anyio.create_task_group() as tg:
                 self._dispatcher.serve_frame(self._frame, self._stream, self._ctx, tg)
+        finally:
+            self._outbox.close()
 
     def _offer(self, envelope: bytes) -> None:
-        try:
-            self._sender.send_nowait(envelope)
-        except anyio.WouldBlock:  # the client stopped reading: abort the response
+        if not self._outbox.offer(envelope):  # the client stopped reading: abort the response
             log.warning("%s: SSE client is not reading; dropping it", self._ctx.connection_id)
             if self._rpc_scope is not None:
                 self._rpc_scope.cancel()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the response ended; late notifications have nowhere to go
 
 
-async def _events(receiver: ObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:
-    async with receiver:
-        async for envelope in receiver:
-            yield b"data: " + envelope + b"\n\n"
+async def _events(outbox: Outbox) -> AsyncIterator[bytes]:
+    async for envelope in outbox:
+        yield b"data: " + envelope + b"\n\n"
     yield b"data: [DONE]\n\n"

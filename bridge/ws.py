@@ -26,6 +26,7 @@ from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest, OriginNotAllowed, RpcError, Unauthorized
+from bridge.outbox import Outbox
 from bridge.rpc.stream import EnvelopeStream
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,14 @@ class AcpWebSocket:
     """
 
     def __init__(
-        self, dispatcher: Dispatcher, auth: Authenticator, origins: OriginPolicy, *, queue_size: int
-    ) -> None:
+        self, dispatcher: Dispatcher, auth: Authenticator, origins: OriginPolicy, *, queue_size: int,
+        queue_bytes: int = 16 * 1024 * 1024,
+    ) -> None:  # fmt: skip
         self._dispatcher = dispatcher
         self._auth = auth
         self._origins = origins
         self._queue_size = queue_size
+        self._queue_bytes = queue_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.serve(WebSocket(scope, receive, send))
@@ -76,7 +79,8 @@ class AcpWebSocket:
             await _deny(websocket, 401, exc, {"WWW-Authenticate": "Bearer"})
             return
         await websocket.accept(subprotocol=subprotocol)
-        connection = Connection(websocket, self._dispatcher, principal, queue_size=self._queue_size)
+        connection = Connection(websocket, self._dispatcher, principal, queue_size=self._queue_size,
+                                queue_bytes=self._queue_bytes)  # fmt: skip
         await connection.run()
 
 
@@ -103,11 +107,12 @@ class Connection:
     """
 
     def __init__(
-        self, websocket: WebSocket, dispatcher: Dispatcher, principal: str, *, queue_size: int
-    ) -> None:
+        self, websocket: WebSocket, dispatcher: Dispatcher, principal: str, *, queue_size: int,
+        queue_bytes: int = 16 * 1024 * 1024,
+    ) -> None:  # fmt: skip
         self._ws = websocket
         self._dispatcher = dispatcher
-        self._outbox_in, self._outbox = anyio.create_memory_object_stream[bytes](queue_size)
+        self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
         self._ctx = CallContext(principal, self._stream.notify, f"ws-{next(_ids)}")
         self._scope = anyio.CancelScope()
@@ -120,7 +125,7 @@ class Connection:
                 tg.start_soon(self._write_loop)
                 await self._read_loop(tg)
                 tg.cancel_scope.cancel()
-        self._outbox_in.close()
+        self._outbox.close()
         if self._close_code is not None:
             await self._close(self._close_code)
 
@@ -146,15 +151,11 @@ class Connection:
 
     def _enqueue(self, envelope: bytes) -> None:
         """The stream's sink: never blocks the handler that produced ``envelope``."""
-        try:
-            self._outbox_in.send_nowait(envelope)
-        except anyio.WouldBlock:
+        if not self._outbox.offer(envelope):
             log.warning("%s: client is not reading; dropping it", self._ctx.connection_id)
             self._close_code = CLOSE_OVERFLOW
-            self._outbox_in.close()
+            self._outbox.close()
             self._scope.cancel()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the connection is gone; a turn that outlives it keeps notifying into nothing
 
     async def _close(self, code: int) -> None:
         # The client is not reading, so the close frame may never leave: bounded, and shielded

@@ -67,6 +67,14 @@ class ProviderRegistry:
             return cheap
         return self._full.get(provider_id, cheap)
 
+    def snapshot_key(self) -> tuple[tuple[str, str, str], ...]:
+        """Changes whenever any provider's reported status does (cheap probes included)."""
+        return tuple((i, *self._status_pair(i)) for i in self._order)
+
+    def _status_pair(self, provider_id: str) -> tuple[str, str]:
+        probe = self.status(provider_id)
+        return probe.status, probe.detail
+
     def available(self) -> list[str]:
         """Providers a turn may be routed to. ``auth_required`` ones stay routable: their turn
         fails with a clear AGENT_AUTH_REQUIRED (and a hint) rather than a vague "unavailable"."""

@@ -74,6 +74,7 @@ class Orchestrator:
         self._sessions: dict[str, Session] = {}
         self._tg: TaskGroup | None = None
         self._running = anyio.Semaphore(limits.max_running_turns)
+        self._capabilities: tuple[Any, dict[str, Any]] | None = None
 
     async def __aenter__(self) -> Orchestrator:
         if self.knowledge is not None:
@@ -112,6 +113,14 @@ class Orchestrator:
     # ---- capabilities and routing ---------------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
+        """``acp.capabilities``; rebuilt only when a probe result changed (it is the hottest call
+        of a polling client, and building it walks every provider and pydantic model)."""
+        key = self.registry.snapshot_key()
+        if self._capabilities is None or self._capabilities[0] != key:
+            self._capabilities = (key, self._build_capabilities())
+        return self._capabilities[1]
+
+    def _build_capabilities(self) -> dict[str, Any]:
         catalog = self.registry.catalog()
         targets = ["agent", "gateway"] if self.gateway_configured else ["agent"]
         gateways = [{"providerId": "openclaw", "label": "OpenClaw", "targets": ["gateway"],
