@@ -48,7 +48,7 @@ class Limits(_Model):
     client_stderr_tail_bytes: int = Field(4 * 1024, gt=0)
     max_queued_turns: int = Field(16, ge=0)
     max_sessions: int = Field(1000, gt=0)
-    max_running_turns: int = Field(32, gt=0)  # turns running at once bridge-wide; more wait
+    max_running_turns: int = Field(128, gt=0)  # turns running at once bridge-wide; more wait
     max_connection_queue: int = Field(65536, gt=0)  # outbound envelopes buffered per connection
     max_connection_queue_bytes: int = Field(16 * MiB, gt=0)  # and their bytes; then the client is dropped
     done_message_bytes: int = Field(64 * 1024, gt=0)
