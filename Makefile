@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: run test agents llmwiki profile-tools install lint clean
+.PHONY: run test bench agents llmwiki profile-tools install lint clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ profile-tools:
 ## test: install everything and run every test (inside a loopback-only network namespace when root)
 test: install agents llmwiki profile-tools
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
+
+## bench: the benchmark suite against minimal baselines (ratios, table + bench/results/latest.json; ~20 min)
+bench: install
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	bash scripts/bench.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
