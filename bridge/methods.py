@@ -6,6 +6,7 @@ Params are validated here with the orchestrator's pydantic models; a validation 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from bridge.dispatch import CallContext, Dispatcher, Handler
@@ -37,10 +38,10 @@ def _gateway_missing() -> dict[str, Any]:
 def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
     """One async handler per method in ``METHODS``."""
 
-    async def capabilities(params: dict[str, Any], ctx: CallContext) -> Any:
+    def capabilities(params: dict[str, Any], ctx: CallContext) -> Any:
         return orch.capabilities()
 
-    async def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
+    def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
         return orch.resolve(ResolveParams.model_validate(params))
 
     async def start(params: dict[str, Any], ctx: CallContext) -> Any:
@@ -49,25 +50,25 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
     async def message(params: dict[str, Any], ctx: CallContext) -> Any:
         return await orch.run_turn(TurnParams.model_validate(params), ctx.principal, ctx.notify, start=False)
 
-    async def cancel(params: dict[str, Any], ctx: CallContext) -> Any:
+    def cancel(params: dict[str, Any], ctx: CallContext) -> Any:
         return orch.cancel(SessionRef.model_validate(params).session_id, ctx.principal)
 
     async def close(params: dict[str, Any], ctx: CallContext) -> Any:
         return await orch.close(SessionRef.model_validate(params).session_id, ctx.principal)
 
-    async def permission(params: dict[str, Any], ctx: CallContext) -> Any:
+    def permission(params: dict[str, Any], ctx: CallContext) -> Any:
         return orch.permission(PermissionParams.model_validate(params), ctx.principal)
 
-    async def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
+    def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
         GatewayParams.model_validate(params)
         return {"ok": False, "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
                 "error": _gateway_missing()}  # fmt: skip
 
-    async def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
+    def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
         GatewayParams.model_validate(params)
         return {"ok": False, "payload": None, "error": _gateway_missing()}
 
-    async def gateway_disconnect(params: dict[str, Any], ctx: CallContext) -> Any:
+    def gateway_disconnect(params: dict[str, Any], ctx: CallContext) -> Any:
         GatewayParams.model_validate(params)
         return {"accepted": True}
 
@@ -90,4 +91,6 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
 
 
 def build_dispatcher(orch: Orchestrator) -> Dispatcher:
-    return Dispatcher(build_handlers(orch))
+    handlers = build_handlers(orch)
+    immediate = {m: h for m, h in handlers.items() if not inspect.iscoroutinefunction(h)}
+    return Dispatcher({m: h for m, h in handlers.items() if m not in immediate}, immediate)

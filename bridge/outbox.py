@@ -45,6 +45,24 @@ class Outbox:
         self._send.close()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for batch in self.batches():
+            for envelope in batch:
+                yield envelope
+
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        """Everything queued at each wake-up, oldest first.
+
+        One receive per envelope yields to the event loop once per envelope, so a writer takes
+        one envelope per loop pass while a turn reading a full pipe buffer from its agent queues
+        hundreds (bench case 3: relay at about half the baseline's rate); a batch per wake-up
+        lets the writer keep up.
+        """
         async for envelope in self._receive:
-            self._bytes -= len(envelope)
-            yield envelope
+            batch = [envelope]
+            while True:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            self._bytes -= sum(map(len, batch))
+            yield batch

@@ -143,8 +143,9 @@ class Connection:
 
     async def _write_loop(self) -> None:
         try:
-            async for envelope in self._outbox:
-                await self._ws.send({"type": "websocket.send", "text": envelope.decode()})
+            async for batch in self._outbox.batches():
+                for envelope in batch:  # uvicorn's send waits only when the socket buffer is full
+                    await self._ws.send({"type": "websocket.send", "text": envelope.decode()})
         except _SEND_FAILURES:
             log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
             self._scope.cancel()
