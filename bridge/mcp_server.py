@@ -21,6 +21,7 @@ import contextlib
 import logging
 from typing import Any, AsyncIterator
 
+import anyio
 import orjson
 
 from bridge import __version__
@@ -81,37 +82,70 @@ def build_server(service: Any) -> Any:
                   on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=input_schema)  # fmt: skip
 
 
+READY_TIMEOUT = 30.0  # seconds a request waits for the MCP surface to finish starting
+
+
+def _import_mcp() -> None:
+    import mcp.server.streamable_http_manager  # noqa: F401
+    import mcp_types  # noqa: F401
+
+
 class McpApp:
     """The ASGI app returned by ``create_mcp_app``; handles ``http`` and ``lifespan`` scopes."""
 
     def __init__(self, service: Any) -> None:
-        self.server = build_server(service)
+        self._service = service
+        self.server: Any = None
         self._handler: Any = None
+        self._ready: anyio.Event | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
-        """Run the MCP session manager (one task group) while the bridge serves."""
+        """Run the MCP session manager (one task group) while the bridge serves.
+
+        The bridge starts serving at once; the MCP surface becomes ready in the background
+        (requests to it wait for that, bounded), because importing ``mcp`` takes ~0.3 s (bench
+        case 6: cold start 0.59 s → 0.33 s without it on the start path).
+        """
+        self._ready = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._run, self._ready)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _run(self, ready: anyio.Event) -> None:
+        await anyio.to_thread.run_sync(_import_mcp)  # off the event loop: other requests go on
         from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
 
+        self.server = build_server(self._service)
         manager = StreamableHTTPSessionManager(
             app=self.server, json_response=True, stateless=True,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )  # fmt: skip
         async with manager.run():
             self._handler = StreamableHTTPASGIApp(manager)
+            ready.set()
             try:
-                yield
+                await anyio.sleep_forever()
             finally:
                 self._handler = None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan_events(receive, send)
-        elif self._handler is None:
+        elif self._handler is None and not await self._wait_ready():
             await _plain(send, 503, {"error": {"code": -32603, "message": "the MCP surface is not running"}})
         else:
             await self._handler(scope, receive, send)
+
+    async def _wait_ready(self) -> bool:
+        if self._ready is not None:
+            with anyio.move_on_after(READY_TIMEOUT):
+                await self._ready.wait()
+        return self._handler is not None
 
     async def _lifespan_events(self, receive: Any, send: Any) -> None:
         async with contextlib.AsyncExitStack() as stack:

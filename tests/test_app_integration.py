@@ -176,3 +176,19 @@ async def test_real_uvicorn_sse_via_the_cli_client(tmp_path):
                               {"sessionId": "u1", "taskPrompt": "again"})  # fmt: skip
     assert reply["result"]["success"] and ws_reply["result"]["success"]
     assert notes and notes[-1]["params"]["type"] == "done"
+
+
+def test_mcp_surface_is_served_behind_the_token_check(tmp_path):
+    app = make_app(tmp_path, authTokens=["mcp-secret-1"])
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    accept = {"Accept": "application/json, text/event-stream"}
+    with TestClient(app) as client:
+        assert client.post("/mcp", json=init, headers=accept).status_code == 401
+        ok = client.post("/mcp", json=init, headers={**accept, "Authorization": "Bearer mcp-secret-1"})
+        assert ok.status_code == 200 and ok.json()["result"]["serverInfo"]
+        tools = client.post("/mcp", headers={**accept, "Authorization": "Bearer mcp-secret-1"},
+                            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})  # fmt: skip
+        names = {t["name"] for t in tools.json()["result"]["tools"]}
+        assert {"llmwiki_agent_run", "get_wiki_content", "llmwiki_search"} <= names
