@@ -343,6 +343,7 @@ class _SseReply(EventSourceResponse):
     def _offer(self, envelope: bytes) -> None:
         if not self._outbox.offer(envelope):  # the client stopped reading: abort the response
             log.warning("%s: SSE client is not reading; dropping it", self._ctx.connection_id)
+            self._outbox.close()  # later envelopes are ignored: one warning, not one per envelope
             if self._rpc_scope is not None:
                 self._rpc_scope.cancel()
 
