@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
-from bridge.rpc.codec import Invalid, Reply, Request, parse_frame
+from bridge.rpc.codec import Frame, Invalid, Reply, Request, parse_frame
 from bridge.rpc.errors import InternalError, InvalidParams, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
@@ -128,18 +128,24 @@ class Dispatcher:
             return None
         return reply
 
-    def serve_frame(self, data: bytes | str, stream: EnvelopeStream, ctx: CallContext, tg: TaskGroup) -> None:
-        """Parse ``data`` and start its requests in ``tg``; replies go to ``stream``.
+    def serve_frame(
+        self, data: bytes | str | Frame, stream: EnvelopeStream, ctx: CallContext, tg: TaskGroup
+    ) -> None:
+        """Parse ``data`` (unless the transport already did) and start its requests in ``tg``;
+        replies go to ``stream``.
 
         Frame-level errors (-32700 not JSON, -32600 empty batch) are answered at once with
         ``id: null``. A batch's replies are sent as one array once all its requests finished;
         a batch of only notifications sends nothing.
         """
-        try:
-            frame = parse_frame(data)
-        except RpcError as exc:
-            stream.reply(Reply.from_error(None, exc))
-            return
+        if isinstance(data, Frame):
+            frame = data
+        else:
+            try:
+                frame = parse_frame(data)
+            except RpcError as exc:
+                stream.reply(Reply.from_error(None, exc))
+                return
         if frame.is_batch:
             tg.start_soon(self._run_batch, frame.messages, stream, ctx)
             return

@@ -33,7 +33,7 @@ import bridge
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.config import BridgeConfig
 from bridge.dispatch import CallContext, Dispatcher
-from bridge.rpc.codec import Invalid, parse_frame
+from bridge.rpc.codec import Frame, Invalid, parse_frame
 from bridge.rpc.errors import InvalidRequest, NotFound, OriginNotAllowed, ParseError, Unauthorized
 from bridge.outbox import Outbox
 from bridge.rpc.stream import EnvelopeStream
@@ -147,18 +147,19 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def expects_reply(body: bytes) -> bool:
-    """Whether the frame will be answered: False only for a notification or a batch of only
-    notifications (JSON-RPC 2.0 §4.1, §6).
+def parse_body(body: bytes) -> tuple[Frame | bytes, bool]:
+    """Parse the body once: ``(frame, whether it will be answered)``. A reply is expected unless
+    the frame is a notification or a batch of only notifications (JSON-RPC 2.0 §4.1, §6). The
+    empty batch stays as bytes: the dispatcher answers it with one error.
 
     Raises:
         ParseError: -32700, the body is not JSON (HTTP 400).
     """
     try:
         frame = parse_frame(body)
-    except InvalidRequest:  # the empty batch: answered with one error
-        return True
-    return any(isinstance(m, Invalid) or not m.is_notification for m in frame.messages)
+    except InvalidRequest:
+        return body, True
+    return frame, any(isinstance(m, Invalid) or not m.is_notification for m in frame.messages)
 
 
 class RpcEndpoint:
@@ -217,16 +218,16 @@ class RpcEndpoint:
         except Unauthorized as exc:
             return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer"})
         try:
-            reply_expected = expects_reply(body)
+            frame, reply_expected = parse_body(body)
         except ParseError as exc:
             return rejection(400, exc, headers)
         ctx = CallContext(principal, connection_id=f"http-{next(_ids)}")
         if not reply_expected:
-            return self._detach(body, ctx, headers)
+            return self._detach(frame, ctx, headers)
         if "text/event-stream" in request.headers.get("accept", "").lower():
-            return _SseReply(self._dispatcher, body, ctx, headers, keepalive=self._keepalive,
+            return _SseReply(self._dispatcher, frame, ctx, headers, keepalive=self._keepalive,
                              queue_size=self._queue_size, queue_bytes=self._queue_bytes)  # fmt: skip
-        return await self._json(body, ctx, headers)
+        return await self._json(frame, ctx, headers)
 
     async def _read(self, request: Request, headers: dict[str, str]) -> bytes | Response:
         """The body, or the response refusing it (413 too large, 408 stalled)."""
@@ -244,7 +245,7 @@ class RpcEndpoint:
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is left to read it
 
-    def _detach(self, body: bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
+    def _detach(self, body: Frame | bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
         """204 at once; the notifications still run, in the app's task group."""
         run = _Detached(self._dispatcher, body, ctx)
         if self._background is not None:
@@ -253,7 +254,7 @@ class RpcEndpoint:
         # No lifespan (a bare ASGI harness): run right after the response instead.
         return Response(status_code=204, headers=headers, background=BackgroundTask(run))
 
-    async def _json(self, body: bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
+    async def _json(self, body: Frame | bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
         replies: list[bytes] = []  # ctx.notify discards: without SSE notifications have nowhere to go
         async with anyio.create_task_group() as tg:
             self._dispatcher.serve_frame(body, EnvelopeStream(replies.append), ctx, tg)
@@ -287,7 +288,7 @@ class Guarded:
 class _Detached:
     """Runs an id-less frame whose response (204) has already been sent."""
 
-    def __init__(self, dispatcher: Dispatcher, body: bytes, ctx: CallContext) -> None:
+    def __init__(self, dispatcher: Dispatcher, body: Frame | bytes, ctx: CallContext) -> None:
         self._dispatcher, self._body, self._ctx = dispatcher, body, ctx
 
     async def __call__(self) -> None:
@@ -311,7 +312,7 @@ class _SseReply(EventSourceResponse):
     def __init__(
         self,
         dispatcher: Dispatcher,
-        frame: bytes,
+        frame: Frame | bytes,
         ctx: CallContext,
         headers: dict[str, str],
         *,
