@@ -16,6 +16,7 @@ from bridge.methods import METHODS
 from bridge.rpc.redact import register_secret
 from compat.base import ProviderAdapter
 from compat.knowledge.service import KnowledgeService
+from compat.profile import ProfileAdapter
 from compat.settings import ProviderConfig
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
@@ -82,8 +83,6 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     for provider_id, entry in entries.items():
         adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge)
     for profile_id, profile in config.profiles.items():
-        from compat.profile import ProfileAdapter
-
         adapters[profile_id] = ProfileAdapter(profile_id, profile, config.limits, config.timeouts,
                                               profile_dir=config.profile_dir)  # fmt: skip
         enabled.add(profile_id)
