@@ -103,8 +103,10 @@ async def load_round(ctx: Context, pair: list[Server], round_: int) -> None:
     for conns in p.http_conns if "2" in p.cases else ():
         spec = {"conns": conns, "warmup": p.warmup, "duration": p.duration}
         for server in pair:
-            result = await run_client("rr-http", server, spec, timeout=p.client_timeout)
-            ctx.add(f"2 http c{conns}", server, round_, **load_metrics(result))
+            case = f"2 http c{conns}"
+            async with ctx.profiled(case, server):
+                result = await run_client("rr-http", server, spec, timeout=p.client_timeout)
+            ctx.add(case, server, round_, **load_metrics(result))
     for mode in ("stream-ws", "stream-sse") if "3" in p.cases else ():
         spec = {"chunks": p.stream_chunks, "size": CHUNK_BYTES, "session": f"{mode}-{round_}"}
         for server in pair:

@@ -50,6 +50,7 @@ def build_app(config: BridgeConfig) -> Any:
     """The ASGI app with the orchestrator entered in its lifespan (one task enters and leaves it)."""
     from bridge.http_app import create_app
     from bridge.methods import build_dispatcher
+    from bridge.server import freeze_heap
     from bridge.wiring import build_orchestrator
 
     orch = build_orchestrator(config)
@@ -62,9 +63,30 @@ def build_app(config: BridgeConfig) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         async with orch, (mcp.lifespan() if mcp is not None else contextlib.nullcontext()):
-            yield
+            freeze_heap(collect=False)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_freeze_when_started, orch, mcp)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
 
     return create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp)
+
+
+STARTUP_SETTLE_TIMEOUT = 60.0
+"""Seconds to wait for the start-up probes and the MCP surface before freezing the heap anyway."""
+
+
+async def _freeze_when_started(orch: Any, mcp: Any) -> None:
+    """Freeze the heap again once what the bridge loads in the background (probes, ``mcp``) is in."""
+    from bridge.server import freeze_heap
+
+    with anyio.move_on_after(STARTUP_SETTLE_TIMEOUT):
+        await orch.probed.wait()
+        if mcp is not None:
+            await mcp.wait_ready()
+    freeze_heap(collect=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ Imports ``bridge.*``, Starlette and sse-starlette only; knows nothing about sess
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -80,10 +81,10 @@ def create_app(
     ws = AcpWebSocket(dispatcher, auth, origins, queue_size=config.limits.max_connection_queue,
                       queue_bytes=config.limits.max_connection_queue_bytes)  # fmt: skip
     routes = [
-        Route("/", banner, methods=["GET"]),
-        Route("/api/ping", ping, methods=["GET"]),
-        Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours)
+        Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours); hottest first
         WebSocketRoute("/acp", ws),
+        Route("/api/ping", ping, methods=["GET"]),
+        Route("/", banner, methods=["GET"]),
     ]
     if mcp_app is not None:
         routes.append(Route("/mcp", Guarded(mcp_app, auth, origins), methods=["GET", "POST", "DELETE"]))
@@ -128,23 +129,29 @@ class BodyTooLarge(Exception):
     """The body is longer than ``limits.max_message_bytes``."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the body incrementally, stopping as soon as it passes ``limit`` bytes.
+async def read_body(receive: Receive, declared: str, limit: int) -> bytes:
+    """Read the body from ASGI ``http.request`` messages, stopping as soon as it passes ``limit``
+    bytes; ``declared`` is the ``Content-Length`` header ("" when absent).
 
     Raises:
         BodyTooLarge: ``Content-Length`` or the bytes read so far exceed ``limit``; the rest is
             never buffered (field-failures #6).
+        ClientDisconnect: the client left before the body was complete.
     """
-    declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def parse_body(body: bytes) -> tuple[Frame | bytes, bool]:
@@ -160,6 +167,36 @@ def parse_body(body: bytes) -> tuple[Frame | bytes, bool]:
     except InvalidRequest:
         return body, True
     return frame, any(isinstance(m, Invalid) or not m.is_notification for m in frame.messages)
+
+
+class RpcHeaders:
+    """The request headers ``/acp/rpc`` reads, found in one pass over the ASGI scope (header
+    names arrive lowercased, ASGI spec §2.2.1). Four Starlette ``Headers`` lookups, each a scan
+    that raises ``KeyError`` for an absent header, cost more than the rest of the request parsing
+    (bench case 2, cProfile of the ASGI app).
+    """
+
+    __slots__ = ("origins", "authorization", "accept", "content_length")
+
+    def __init__(self) -> None:
+        self.origins: list[str] = []  # every Origin header: a request carrying two is judged by both
+        self.authorization: str | None = None
+        self.accept = ""
+        self.content_length = ""
+
+    @classmethod
+    def of(cls, scope: Scope) -> RpcHeaders:
+        found = cls()
+        for name, value in scope["headers"]:
+            if name == b"origin":
+                found.origins.append(value.decode("latin-1"))
+            elif name == b"authorization" and found.authorization is None:
+                found.authorization = value.decode("latin-1")
+            elif name == b"accept" and not found.accept:
+                found.accept = value.decode("latin-1")
+            elif name == b"content-length" and not found.content_length:
+                found.content_length = value.decode("latin-1")
+        return found
 
 
 class RpcEndpoint:
@@ -192,29 +229,29 @@ class RpcEndpoint:
         return lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.handle(Request(scope, receive))
+        response = await self.handle(scope["method"], RpcHeaders.of(scope), receive)
         await response(scope, receive, send)
 
-    async def handle(self, request: Request) -> Response:
-        origin = request.headers.get("origin")
+    async def handle(self, method: str, request: RpcHeaders, receive: Receive) -> Response:
+        origin = request.origins[0] if request.origins else None
         headers = {"Vary": "Origin"}
         if origin and self._origins.allows(origin):
             headers.update(CORS_HEADERS, **{"Access-Control-Allow-Origin": origin})
-        if request.method == "OPTIONS":
+        if method == "OPTIONS":
             return Response(status_code=204, headers=headers)
-        if request.method != "POST":
+        if method != "POST":
             error = InvalidRequest("method not allowed")
             return rejection(405, error, {**headers, "Allow": "POST, OPTIONS"})
-        if not self._origins.allows_all(request.headers.getlist("origin")):
+        if not self._origins.allows_all(request.origins):
             return rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]), headers)
-        return await self._post(request, headers)
+        return await self._post(request, receive, headers)
 
-    async def _post(self, request: Request, headers: dict[str, str]) -> Response:
-        body = await self._read(request, headers)
+    async def _post(self, request: RpcHeaders, receive: Receive, headers: dict[str, str]) -> Response:
+        body = await self._read(receive, request.content_length, headers)
         if isinstance(body, Response):
             return body
         try:
-            principal = self._auth.authenticate(request.headers.get("authorization"))
+            principal = self._auth.authenticate(request.authorization)
         except Unauthorized as exc:
             return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer"})
         try:
@@ -224,16 +261,19 @@ class RpcEndpoint:
         ctx = CallContext(principal, connection_id=f"http-{next(_ids)}")
         if not reply_expected:
             return self._detach(frame, ctx, headers)
-        if "text/event-stream" in request.headers.get("accept", "").lower():
+        if "text/event-stream" in request.accept.lower():
             return _SseReply(self._dispatcher, frame, ctx, headers, keepalive=self._keepalive,
                              queue_size=self._queue_size, queue_bytes=self._queue_bytes)  # fmt: skip
         return await self._json(frame, ctx, headers)
 
-    async def _read(self, request: Request, headers: dict[str, str]) -> bytes | Response:
+    async def _read(self, receive: Receive, declared: str, headers: dict[str, str]) -> bytes | Response:
         """The body, or the response refusing it (413 too large, 408 stalled)."""
         try:
-            with anyio.fail_after(BODY_READ_TIMEOUT):
-                return await read_body(request, self._limit)
+            # asyncio's timeout rather than anyio.fail_after: the anyio cancel scope was 15% of
+            # the bridge's CPU per request in bench case 2 (cProfile of the ASGI app:
+            # CancelScope.__enter__/__exit__, current_task lookups); uvicorn runs on asyncio only.
+            async with asyncio.timeout(BODY_READ_TIMEOUT):
+                return await read_body(receive, declared, self._limit)
         except BodyTooLarge:
             error = InvalidRequest("Invalid Request: body too large", maxMessageBytes=self._limit)
             # No "Connection: close": uvicorn discards the unread rest (never buffered), and a
@@ -256,8 +296,7 @@ class RpcEndpoint:
 
     async def _json(self, body: Frame | bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
         replies: list[bytes] = []  # ctx.notify discards: without SSE notifications have nowhere to go
-        async with anyio.create_task_group() as tg:
-            self._dispatcher.serve_frame(body, EnvelopeStream(replies.append), ctx, tg)
+        await self._dispatcher.run_frame(body, EnvelopeStream(replies.append), ctx)
         if not replies:
             return Response(status_code=204, headers=headers)
         return Response(replies[0], headers=headers, media_type="application/json")
@@ -292,8 +331,7 @@ class _Detached:
         self._dispatcher, self._body, self._ctx = dispatcher, body, ctx
 
     async def __call__(self) -> None:
-        async with anyio.create_task_group() as tg:
-            self._dispatcher.serve_frame(self._body, EnvelopeStream(_drop), self._ctx, tg)
+        await self._dispatcher.run_frame(self._body, EnvelopeStream(_drop), self._ctx)
 
 
 def _drop(envelope: bytes) -> None:
@@ -336,8 +374,7 @@ class _SseReply(EventSourceResponse):
 
     async def _produce(self) -> None:
         try:
-            async with anyio.create_task_group() as tg:
-                self._dispatcher.serve_frame(self._frame, self._stream, self._ctx, tg)
+            await self._dispatcher.run_frame(self._frame, self._stream, self._ctx)
         finally:
             self._outbox.close()
 

@@ -115,6 +115,11 @@ class McpApp:
             finally:
                 tg.cancel_scope.cancel()
 
+    async def wait_ready(self) -> None:
+        """Return once the MCP surface serves (after ``lifespan`` started it)."""
+        if self._ready is not None:
+            await self._ready.wait()
+
     async def _run(self, ready: anyio.Event) -> None:
         await anyio.to_thread.run_sync(_import_mcp)  # off the event loop: other requests go on
         from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
