@@ -18,7 +18,8 @@ import orjson
 
 from bridge.rpc.errors import InvalidRequest, ParseError, RpcError
 
-_BIG_INT = re.compile(rb"\d{20,}")
+_BIG_INT = re.compile(rb"[0-9]{20,}")
+_BIG_INT_TEXT = re.compile(r"[0-9]{20,}")  # WebSocket frames arrive as str: no encode on the fast path
 
 
 class _Missing:
@@ -31,7 +32,10 @@ class _Missing:
 MISSING: Any = _Missing()  # the id of a notification (no ``id`` member at all)
 
 
-@dataclass(frozen=True, slots=True)
+# The per-message types are plain slotted dataclasses, not frozen ones: a frozen dataclass sets
+# each field through object.__setattr__, 0.3 us instead of 0.1 us per instance, and three are
+# built per request (bench case 1). Nothing mutates them after construction.
+@dataclass(slots=True)
 class Request:
     """A well-formed request or notification. ``params`` is the raw member (None when absent or
     null); the dispatcher checks its type after the method, so an unknown method is -32601."""
@@ -45,7 +49,7 @@ class Request:
         return self.id is MISSING
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Invalid:
     """A message that cannot be dispatched; it is always answered with ``error``."""
 
@@ -56,7 +60,7 @@ class Invalid:
 Message = Request | Invalid
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
     messages: tuple[Message, ...]
     is_batch: bool
@@ -64,12 +68,13 @@ class Frame:
 
 def loads(data: bytes | str) -> Any:
     """Decode JSON exactly (big integers stay integers). Raises ParseError (-32700)."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if not _BIG_INT.search(raw):
+    big = _BIG_INT_TEXT.search(data) if isinstance(data, str) else _BIG_INT.search(data)
+    if big is None:
         try:
-            return orjson.loads(raw)
+            return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass  # maybe a lone surrogate or 1e400: the stdlib decides
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     try:
         return json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
@@ -164,7 +169,7 @@ def encode_notification(method: str, params: Any, seq: int) -> bytes:
     ))  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
     """A response to send: exactly one of ``result`` / ``error`` is meaningful."""
 
