@@ -41,7 +41,7 @@ def _discard(method: str, params: Any) -> None:
     """Notifications on a plain HTTP response have nowhere to go (docs/api.md, POST /acp/rpc)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per HTTP request, and frozen init costs 3x
 class CallContext:
     """Who called, and where this request's notifications go.
 
