@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
-from bridge.rpc.codec import Frame, Invalid, Reply, Request, parse_frame
+from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, parse_frame
 from bridge.rpc.errors import InternalError, InvalidParams, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
@@ -108,7 +108,7 @@ class Dispatcher:
             result = self._immediate[request.method](_params(request), ctx)
         except Exception as exc:
             return self._failed(request, exc)
-        return self._answer(request, Reply(request.id, result=result))
+        return None if request.id is MISSING else Reply(request.id, result)
 
     def _failed(self, request: Request, exc: Exception) -> Reply | None:
         if isinstance(exc, RpcError):
@@ -138,9 +138,14 @@ class Dispatcher:
         ``id: null``. A batch's replies are sent as one array once all its requests finished;
         a batch of only notifications sends nothing.
         """
-        frame = self._parse(data, stream)
-        if frame is None:
-            return
+        if isinstance(data, Frame):
+            frame = data
+        else:
+            try:
+                frame = parse_frame(data)
+            except RpcError as exc:
+                stream.reply(Reply.from_error(None, exc))
+                return
         if frame.is_batch:
             tg.start_soon(self._run_batch, frame.messages, stream, ctx)
             return

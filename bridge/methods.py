@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import orjson
+
 from bridge.dispatch import CallContext, Dispatcher, Handler
 from bridge.rpc.errors import NotFound
 from compat.knowledge.settings import ReadParams, SourcesParams
@@ -38,8 +40,15 @@ def _gateway_missing() -> dict[str, Any]:
 def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
     """One async handler per method in ``METHODS``."""
 
+    encoded: list[Any] = [None, None]  # [the orchestrator's cached result, its JSON fragment]
+
     def capabilities(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.capabilities()
+        # The result is rebuilt only when a probe changes it, so its JSON is encoded once per
+        # build rather than per call: the hottest call of a polling client (bench case 1).
+        result = orch.capabilities()
+        if encoded[0] is not result:
+            encoded[:] = [result, orjson.Fragment(orjson.dumps(result))]
+        return encoded[1]
 
     def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
         return orch.resolve(ResolveParams.model_validate(params))

@@ -27,7 +27,7 @@ class Outbox:
         max_bytes: bytes that may wait (``limits.maxConnectionQueueBytes``).
     """
 
-    __slots__ = ("_queue", "_bytes", "_max_items", "_max_bytes", "_closed", "_waiter", "quiet")
+    __slots__ = ("_queue", "_bytes", "_max_items", "_max_bytes", "_closed", "_waiter")
 
     def __init__(self, max_items: int, max_bytes: int) -> None:
         self._queue: deque[bytes] = deque()
@@ -36,8 +36,6 @@ class Outbox:
         self._max_bytes = max_bytes
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
-        self.quiet = False
-        """While True, offers do not wake ``wait``: the caller sends what is queued itself."""
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -51,8 +49,7 @@ class Outbox:
             return False
         self._queue.append(envelope)
         self._bytes += len(envelope)
-        if not self.quiet:
-            self._wake()
+        self._wake()
         return True
 
     def take(self) -> list[bytes]:

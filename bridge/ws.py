@@ -65,10 +65,11 @@ class AcpWebSocket:
         self._queue_bytes = queue_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.serve(WebSocket(scope, receive, send))
+        await self.serve(WebSocket(scope, receive, send), receive, send)
 
-    async def serve(self, websocket: WebSocket) -> None:
-        """Admit (403 origin, then 401 token) and serve one socket until it closes."""
+    async def serve(self, websocket: WebSocket, receive: Receive | None = None, send: Send | None = None) -> None:
+        """Admit (403 origin, then 401 token) and serve one socket until it closes; frames then
+        go through the raw ASGI ``receive``/``send`` when given (see ``Connection``)."""
         origin = websocket.headers.get("origin")
         if not self._origins.allows_all(websocket.headers.getlist("origin")):
             await _deny(websocket, 403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
@@ -82,7 +83,7 @@ class AcpWebSocket:
             return
         await websocket.accept(subprotocol=subprotocol)
         connection = Connection(websocket, self._dispatcher, principal, queue_size=self._queue_size,
-                                queue_bytes=self._queue_bytes)  # fmt: skip
+                                queue_bytes=self._queue_bytes, receive=receive, send=send)  # fmt: skip
         await connection.run()
 
 
@@ -106,13 +107,19 @@ class Connection:
         principal: the authenticated name, passed to handlers.
         queue_size: outbound envelopes that may wait for the writer; one more drops the client
             with close code 1013.
+        receive, send: the socket's raw ASGI callables, for frames once accepted (default: the
+            WebSocket's own). Starlette's wrappers re-check the handshake state on every frame,
+            ~1 us per request of the bridge's ~20 in bench case 1; uvicorn still raises on a send
+            after the peer left (``ClientDisconnected``, an ``OSError``).
     """
 
     def __init__(
         self, websocket: WebSocket, dispatcher: Dispatcher, principal: str, *, queue_size: int,
-        queue_bytes: int = 16 * 1024 * 1024,
+        queue_bytes: int = 16 * 1024 * 1024, receive: Receive | None = None, send: Send | None = None,
     ) -> None:  # fmt: skip
         self._ws = websocket
+        self._receive = receive or websocket.receive
+        self._send = send or websocket.send
         self._dispatcher = dispatcher
         self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
@@ -120,6 +127,7 @@ class Connection:
         self._scope = anyio.CancelScope()
         self._close_code: int | None = None
         self._sending = asyncio.Lock()  # one sender at a time keeps the queue's order on the wire
+        self._direct: list[bytes] | None = None  # see _read_loop
 
     async def run(self) -> None:
         """Serve until the peer leaves or is dropped; in-flight handlers are then cancelled."""
@@ -134,45 +142,53 @@ class Connection:
 
     async def _read_loop(self, tg: TaskGroup) -> None:
         while True:
-            message = await self._ws.receive()
+            message = await self._receive()
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
             if text is None:  # a binary frame: answer it and keep the socket (field-failures #4)
                 error = InvalidRequest("Invalid Request: binary frames are not supported; send text")
                 self._stream.reply(Reply.from_error(None, error))
-            else:
-                # Replies of immediate methods (acp.capabilities, session.cancel) leave from here,
-                # not through the writer task: waking it cost a task switch per request, a third
-                # of the bridge's CPU per request in bench case 1 at one request in flight.
-                self._outbox.quiet = True
-                try:
-                    self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
-                finally:
-                    self._outbox.quiet = False
-            if len(self._outbox) and not self._sending.locked():
+                continue
+            if len(self._outbox) or self._sending.locked():  # keep seq order behind those first
+                self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
+                continue
+            # Nothing waits to be sent, so what this frame's immediate methods (acp.capabilities,
+            # session.cancel) answer goes from the handler straight to the socket: through the
+            # queue and the writer task it cost a task switch and two queue operations per
+            # request, a third of the bridge's CPU per request in bench case 1.
+            self._direct = direct = []
+            try:
+                self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
+            finally:
+                self._direct = None
+            if direct:
                 async with self._sending:
-                    await self._send_queued()
-            # else the sender holding ``_sending`` takes them: it sends until the queue is empty
+                    await self._send_queued(direct)
 
     async def _write_loop(self) -> None:
         while await self._outbox.wait():
             async with self._sending:
                 await self._send_queued()
 
-    async def _send_queued(self) -> None:
-        """Send everything queued, including what is queued meanwhile (hold ``_sending``)."""
+    async def _send_queued(self, first: list[bytes] | None = None) -> None:
+        """Send ``first``, then everything queued, including what is queued meanwhile (hold
+        ``_sending``)."""
+        batch = first or self._outbox.take()
         try:
-            while batch := self._outbox.take():
+            while batch:
                 for envelope in batch:  # uvicorn's send waits only when the socket buffer is full
-                    await self._ws.send({"type": "websocket.send", "text": envelope.decode()})
+                    await self._send({"type": "websocket.send", "text": envelope.decode()})
+                batch = self._outbox.take()
         except _SEND_FAILURES:
             log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
             self._scope.cancel()
 
     def _enqueue(self, envelope: bytes) -> None:
         """The stream's sink: never blocks the handler that produced ``envelope``."""
-        if not self._outbox.offer(envelope):
+        if self._direct is not None:  # the reader sends it once the frame's handlers return
+            self._direct.append(envelope)
+        elif not self._outbox.offer(envelope):
             log.warning("%s: client is not reading; dropping it", self._ctx.connection_id)
             self._close_code = CLOSE_OVERFLOW
             self._outbox.close()

@@ -148,10 +148,8 @@ def parse_frame(data: bytes | str) -> Frame:
 
 def encode_result(id_: Any, result: Any, seq: int) -> bytes:
     body = dumps(result)
-    return b"".join((
-        b'{"jsonrpc":"2.0","id":', dumps(id_), b',"result":', body,
-        b',"ok":true,"type":"res","payload":', body, b',"seq":', str(seq).encode(), b"}",
-    ))  # fmt: skip
+    return b'{"jsonrpc":"2.0","id":%b,"result":%b,"ok":true,"type":"res","payload":%b,"seq":%d}' % (
+        dumps(id_), body, body, seq)  # fmt: skip
 
 
 def encode_error(id_: Any, error: dict[str, Any], seq: int) -> bytes:
