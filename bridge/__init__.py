@@ -1,10 +1,6 @@
 """xworkmate-bridge: transports, wire, auth and CLI (see docs/api.md)."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("xworkmate-bridge")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0"
+__version__ = "0.1.0"
+"""The package version; pyproject.toml reads it from here (importlib.metadata cost ~15 ms per start)."""
 
 CONTRACT_VERSION = "1.0"

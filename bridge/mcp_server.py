@@ -98,29 +98,32 @@ class McpApp:
         self.server: Any = None
         self._handler: Any = None
         self._ready: anyio.Event | None = None
+        self._wanted: anyio.Event | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         """Run the MCP session manager (one task group) while the bridge serves.
 
-        The bridge starts serving at once; the MCP surface becomes ready in the background
-        (requests to it wait for that, bounded), because importing ``mcp`` takes ~0.3 s (bench
-        case 6: cold start 0.59 s → 0.33 s without it on the start path).
+        The MCP surface starts on the first request to ``/mcp`` (which waits for it, bounded),
+        not with the bridge: importing ``mcp`` takes ~0.3 s of CPU, and even in a background
+        thread it held the GIL against the bridge's start (bench case 6: cold start 0.59 s →
+        0.33 s with it off the start path, and less again without the thread).
         """
-        self._ready = anyio.Event()
+        self._ready, self._wanted = anyio.Event(), anyio.Event()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._run, self._ready)
+            tg.start_soon(self._run, self._wanted, self._ready)
             try:
                 yield
             finally:
                 tg.cancel_scope.cancel()
 
     async def wait_ready(self) -> None:
-        """Return once the MCP surface serves (after ``lifespan`` started it)."""
+        """Return once the MCP surface serves (after its first request started it)."""
         if self._ready is not None:
             await self._ready.wait()
 
-    async def _run(self, ready: anyio.Event) -> None:
+    async def _run(self, wanted: anyio.Event, ready: anyio.Event) -> None:
+        await wanted.wait()
         await anyio.to_thread.run_sync(_import_mcp)  # off the event loop: other requests go on
         from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
@@ -147,6 +150,8 @@ class McpApp:
             await self._handler(scope, receive, send)
 
     async def _wait_ready(self) -> bool:
+        if self._wanted is not None:
+            self._wanted.set()
         if self._ready is not None:
             with anyio.move_on_after(READY_TIMEOUT):
                 await self._ready.wait()
