@@ -16,14 +16,16 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
-import httpx
 
 from bridge.rpc.redact import register_secret
 from compat.knowledge.evidence import Evidence
 from compat.knowledge.settings import RuntimeSettings
+
+if TYPE_CHECKING:
+    import httpx
 
 SYSTEM_PROMPT = " ".join((
     "You are answering through a local LLMWiki Agent Bridge.",
@@ -179,6 +181,8 @@ async def complete(settings: RuntimeSettings, body: dict[str, Any], on_delta: Ca
     """
     if not settings.configured:
         raise RuntimeFailure("not_configured")
+    import httpx  # here, not at the top: a bridge without a runtime model never needs it (~15 ms)
+
     parts: list[str] = []
 
     def emit(text: str) -> None:

@@ -25,8 +25,9 @@ import anyio
 from compat.knowledge.errors import SourceError, SourceUnsupported
 from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.sources.base import (
-    Capabilities, RoutedRetrieval, capabilities_from, fallback_capabilities, http_client, request_json,
+    Capabilities, RoutedRetrieval, capabilities_from, fallback_capabilities,
 )  # fmt: skip
+from compat.knowledge.sources.http import http_client, request_json
 
 CARD_PATH = "/.well-known/agent-card.json"
 CARD_TTL_SECONDS = 30.0
