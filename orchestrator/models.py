@@ -3,6 +3,9 @@
 Params a method does not know are ignored (the app sends many: ``mode``, ``provider``,
 ``selectedSkills``, ``metadata``, …); ``params: null`` means absent. A validation failure becomes
 -32602 with the field locations (bridge.dispatch.validation_error).
+
+Every model here defers building its validator to first use (``defer_build``): building them all
+at import was ~7 ms of the bridge's cold start (bench case 6), and most are docs models.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from pydantic.alias_generators import to_camel
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True,
+                              defer_build=True)
 
 
 class AttachmentParam(_Params):
@@ -30,7 +34,8 @@ class SessionRef(_Params):
 class TurnParams(_Params):
     """``session.start`` / ``session.message``."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True,
+                              defer_build=True)
 
     session_id: str = Field(min_length=1, max_length=512)
     thread_id: str | None = Field(None, max_length=512)
@@ -80,7 +85,7 @@ class GatewayParams(_Params):
 
 
 class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class ProviderEntry(_Result):
@@ -143,7 +148,7 @@ class TurnErrorInfo(_Result):
 
 
 class TurnResult(_Result):
-    model_config = ConfigDict(extra="allow", frozen=True)  # provider families add fields (artifacts, …)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)  # provider families add fields (artifacts, …)
 
     success: bool
     status: str
@@ -165,7 +170,7 @@ class TurnResult(_Result):
 
 
 class SessionUpdate(_Result):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     sessionId: str
     threadId: str

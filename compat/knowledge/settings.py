@@ -140,7 +140,8 @@ class KnowledgeTurnParams(BaseModel):
     client explicitly asks for no source.
     """
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True,
+                              defer_build=True)
 
     orchestration_mode: OrchestrationMode | None = None
     retrieval: RetrievalIntent | None = None
@@ -150,7 +151,8 @@ class KnowledgeTurnParams(BaseModel):
 class _MethodParams(BaseModel):
     """Method params: unknown keys are ignored (docs/api.md, "Envelope")."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True,
+                              defer_build=True)
 
 
 class ReadParams(_MethodParams):
