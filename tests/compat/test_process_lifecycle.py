@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from bridge.rpc.redact import register_secret
-from compat._process import AgentProcess, child_env, cut_tail, spawn
+from compat._process import _PIDFD, _PROC_CHILDREN, AgentProcess, child_env, cut_tail, spawn
 from compat.acp import AcpSession
 from compat.base import TurnOutcome
 
@@ -160,6 +160,21 @@ async def test_the_stderr_pump_keeps_the_descendant_snapshot_fresh(tree: tuple[A
         tg.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("per_thread_children", [True, False] if _PROC_CHILDREN else [False])
+async def test_both_descendant_walks_find_the_escaped_and_the_grouped_grandchild(
+    tree: tuple[AgentProcess, list[int]], monkeypatch: pytest.MonkeyPatch, per_thread_children: bool
+) -> None:
+    """Where the kernel lists each thread's children the walk starts at the leader; elsewhere
+    it reads the whole process table (in a worker thread). Both must see the same tree."""
+    import compat._process as process
+
+    monkeypatch.setattr(process, "_PROC_CHILDREN", per_thread_children)
+    proc, pids = tree
+    assert set(pids) <= set(process._descendant_pids(proc.pid, 0.0))
+    await proc.refresh_descendants()
+    assert set(pids) <= proc.known_descendants
+
+
 async def test_the_snapshot_drops_descendants_that_ended(tree: tuple[AgentProcess, list[int]]) -> None:
     proc, pids = tree
     await proc.refresh_descendants()
@@ -167,6 +182,52 @@ async def test_the_snapshot_drops_descendants_that_ended(tree: tuple[AgentProces
     await wait_gone([pids[0]])
     await proc.refresh_descendants()
     assert pids[0] not in proc.known_descendants and pids[1] in proc.known_descendants
+
+
+ECHO = """
+import sys
+print("ready", flush=True)
+print("err", file=sys.stderr, flush=True)
+line = sys.stdin.readline()
+print("got " + line.strip(), flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("pidfd", [True, False] if _PIDFD else [False], ids=lambda p: "pidfd" if p else "anyio")
+async def test_both_spawn_paths_pipe_wait_and_reap(monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
+    """Popen + pidfd (Linux ≥ 5.3) and anyio.open_process (elsewhere) behave the same: lines
+    both ways, stderr drained into the tail, the exit status, nothing left running."""
+    import compat._process as process
+
+    monkeypatch.setattr(process, "_PIDFD", pidfd)
+    proc = await spawn([sys.executable, "-c", ECHO], cwd=None, env=child_env(), max_line_bytes=KIB,
+                       stderr_tail_bytes=KIB)  # fmt: skip
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(proc.pump_stderr)
+            with anyio.fail_after(10):
+                assert (await proc.receive_line()).strip() == b"ready"
+                await proc.send(b"ping\n")
+                assert (await proc.receive_line()).strip() == b"got ping"
+                assert await proc.wait(10) == 3
+                assert await proc.wait_stderr_eof(10)
+            tg.cancel_scope.cancel()
+        assert "err" in proc.stderr_tail()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await proc.terminate(0.5)
+    assert proc.returncode == 3
+    assert not process_alive(proc.pid)
+
+
+async def test_a_missing_command_is_a_spawn_error_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import compat._process as process
+
+    for pidfd in {False, _PIDFD}:
+        monkeypatch.setattr(process, "_PIDFD", pidfd)
+        with pytest.raises(process.SpawnError):
+            await spawn(["/nonexistent/agent"], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB)
 
 
 # ---- secrets cut by the stderr tail ------------------------------------------------------------

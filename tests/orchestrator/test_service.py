@@ -289,3 +289,16 @@ def test_update_log_memory_is_bounded():
     for _ in range(100):
         log.append({"type": "thought", "delta": "x" * 262144})
     assert log._bytes <= 128 * 1024 + 262144 + 256 and log.last_seq == 100
+
+
+def test_update_log_replays_what_it_kept_after_the_given_seq():
+    from orchestrator.session import UpdateLog
+
+    log = UpdateLog(capacity=3)
+    for i in range(5):
+        log.append({"type": "delta", "delta": f"d{i}", "n": {"i": i}})
+    replayed: list[dict] = []
+    log.subscribe(replayed.append, after_seq=3)
+    log.append({"type": "done"})
+    assert replayed == [{"type": "delta", "delta": "d3", "n": {"i": 3}, "seq": 4},
+                        {"type": "delta", "delta": "d4", "n": {"i": 4}, "seq": 5}, {"type": "done", "seq": 6}]
