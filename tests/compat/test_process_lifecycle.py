@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from bridge.rpc.redact import register_secret
-from compat._process import _PIDFD, _PROC_CHILDREN, AgentProcess, child_env, cut_tail, spawn
+from compat._process import _PROC_CHILDREN, AgentProcess, child_env, cut_tail, spawn
 from compat.acp import AcpSession
 from compat.base import TurnOutcome
 
@@ -182,52 +182,6 @@ async def test_the_snapshot_drops_descendants_that_ended(tree: tuple[AgentProces
     await wait_gone([pids[0]])
     await proc.refresh_descendants()
     assert pids[0] not in proc.known_descendants and pids[1] in proc.known_descendants
-
-
-ECHO = """
-import sys
-print("ready", flush=True)
-print("err", file=sys.stderr, flush=True)
-line = sys.stdin.readline()
-print("got " + line.strip(), flush=True)
-sys.exit(3)
-"""
-
-
-@pytest.mark.parametrize("pidfd", [True, False] if _PIDFD else [False], ids=lambda p: "pidfd" if p else "anyio")
-async def test_both_spawn_paths_pipe_wait_and_reap(monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
-    """Popen + pidfd (Linux ≥ 5.3) and anyio.open_process (elsewhere) behave the same: lines
-    both ways, stderr drained into the tail, the exit status, nothing left running."""
-    import compat._process as process
-
-    monkeypatch.setattr(process, "_PIDFD", pidfd)
-    proc = await spawn([sys.executable, "-c", ECHO], cwd=None, env=child_env(), max_line_bytes=KIB,
-                       stderr_tail_bytes=KIB)  # fmt: skip
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(proc.pump_stderr)
-            with anyio.fail_after(10):
-                assert (await proc.receive_line()).strip() == b"ready"
-                await proc.send(b"ping\n")
-                assert (await proc.receive_line()).strip() == b"got ping"
-                assert await proc.wait(10) == 3
-                assert await proc.wait_stderr_eof(10)
-            tg.cancel_scope.cancel()
-        assert "err" in proc.stderr_tail()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await proc.terminate(0.5)
-    assert proc.returncode == 3
-    assert not process_alive(proc.pid)
-
-
-async def test_a_missing_command_is_a_spawn_error_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import compat._process as process
-
-    for pidfd in {False, _PIDFD}:
-        monkeypatch.setattr(process, "_PIDFD", pidfd)
-        with pytest.raises(process.SpawnError):
-            await spawn(["/nonexistent/agent"], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB)
 
 
 # ---- secrets cut by the stderr tail ------------------------------------------------------------
