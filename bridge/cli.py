@@ -194,8 +194,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         _explain(reply["error"])
         return 1
     result = reply.get("result") or {}
-    summary = (f"[{result.get('status')}] turnId={result.get('turnId')} "
-               f"provider={result.get('resolvedProviderId')} seconds={seconds:.2f}")  # fmt: skip
+    summary = (f"[{result.get('status')}] turnId={result.get('turnId') or '-'} "
+               f"provider={result.get('resolvedProviderId') or '-'} seconds={seconds:.2f}")  # fmt: skip
     if result.get("status") == "unavailable":
         summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
     elif result.get("error"):
@@ -308,6 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `xworkmate-bridge providers | head`: the reader left
+        # Point stdout at /dev/null so the flush at exit does not raise again (Python docs, signal
+        # module, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:
         if _is_transport_error(exc):
             print(f"xworkmate-bridge: {exc}", file=sys.stderr)

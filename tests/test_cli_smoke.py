@@ -63,3 +63,17 @@ def test_bad_config_names_the_key(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=30)
     assert done.returncode == 2
     assert "providers.mine.permisionPolicy" in done.stderr and "unknown key" in done.stderr
+
+
+def test_output_piped_into_a_reader_that_leaves_is_not_a_traceback(tmp_path):
+    """`xworkmate-bridge providers --local | head -1`: the reader closes the pipe early."""
+    env = {**os.environ, "HOME": str(tmp_path), "XWORKMATE_AGENTS_DIR": str(tmp_path / "none")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a reader that already left: the first write meets EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "bridge.cli", "providers", "--local"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, timeout=30)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
+    assert proc.returncode == 1
