@@ -126,7 +126,11 @@ class Connection:
         self._ctx = CallContext(principal, self._stream.notify, f"ws-{next(_ids)}")
         self._scope = anyio.CancelScope()
         self._close_code: int | None = None
-        self._sending = asyncio.Lock()  # one sender at a time keeps the queue's order on the wire
+        # One sender at a time keeps seq order on the wire: the reader (for what a frame's immediate
+        # methods answer) or the writer task (for everything else). ``_idle`` is set while nobody sends.
+        self._sending = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._direct: list[bytes] | None = None  # see _read_loop
 
     async def run(self) -> None:
@@ -150,39 +154,48 @@ class Connection:
                 error = InvalidRequest("Invalid Request: binary frames are not supported; send text")
                 self._stream.reply(Reply.from_error(None, error))
                 continue
-            if len(self._outbox) or self._sending.locked():  # keep seq order behind those first
-                self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
-                continue
-            # Nothing waits to be sent, so what this frame's immediate methods (acp.capabilities,
-            # session.cancel) answer goes from the handler straight to the socket: through the
-            # queue and the writer task it cost a task switch and two queue operations per
-            # request, a third of the bridge's CPU per request in bench case 1.
+            # What this frame's immediate methods (acp.capabilities, session.cancel) answer goes
+            # from the handler straight to the socket when nothing else is being sent or waits:
+            # through the queue and the writer task it cost a task switch and two queue
+            # operations per request, a third of the bridge's CPU per request in bench case 1.
             self._direct = direct = []
             try:
                 self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
             finally:
                 self._direct = None
-            if direct:
-                async with self._sending:
-                    await self._send_queued(direct)
+            if not direct:
+                continue
+            if self._sending or len(self._outbox):
+                for envelope in direct:  # behind what was numbered before them
+                    self._enqueue(envelope)
+            else:
+                await self._send_all(direct)
 
     async def _write_loop(self) -> None:
         while await self._outbox.wait():
-            async with self._sending:
-                await self._send_queued()
+            if self._sending:  # the reader is sending; it also sends what is queued meanwhile
+                await self._idle.wait()
+            else:
+                await self._send_all()
 
-    async def _send_queued(self, first: list[bytes] | None = None) -> None:
-        """Send ``first``, then everything queued, including what is queued meanwhile (hold
-        ``_sending``)."""
+    async def _send_all(self, first: list[bytes] | None = None) -> None:
+        """Send ``first``, then everything queued, including what is queued meanwhile."""
+        self._sending = True
+        self._idle.clear()
         batch = first or self._outbox.take()
         try:
             while batch:
                 for envelope in batch:  # uvicorn's send waits only when the socket buffer is full
                     await self._send({"type": "websocket.send", "text": envelope.decode()})
                 batch = self._outbox.take()
-        except _SEND_FAILURES:
+        except (*_SEND_FAILURES, RuntimeError):
+            # RuntimeError: the raw ASGI send after uvicorn already closed the socket (a frame
+            # with invalid UTF-8 right behind a request makes it send close 1007 first).
             log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
             self._scope.cancel()
+        finally:
+            self._sending = False
+            self._idle.set()
 
     def _enqueue(self, envelope: bytes) -> None:
         """The stream's sink: never blocks the handler that produced ``envelope``."""

@@ -52,7 +52,8 @@ class UpdateLog:
         encoded = dumps(params)
         self._recent.append((self._seq, encoded))
         self._bytes += len(encoded)
-        while self._recent and (len(self._recent) > self._capacity or self._bytes > self._max_bytes):
+        # The newest update always stays, even one larger than max_bytes on its own.
+        while len(self._recent) > 1 and (len(self._recent) > self._capacity or self._bytes > self._max_bytes):
             self._bytes -= len(self._recent.popleft()[1])
         for subscriber in tuple(self._subscribers):
             subscriber(params)

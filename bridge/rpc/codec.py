@@ -18,8 +18,9 @@ import orjson
 
 from bridge.rpc.errors import InvalidRequest, ParseError, RpcError
 
-_BIG_INT = re.compile(rb"[0-9]{20,}")
-_BIG_INT_TEXT = re.compile(r"[0-9]{20,}")  # WebSocket frames arrive as str: no encode on the fast path
+# orjson reads integers outside [-2**63, 2**64) as floats: 19 digits already reach below -2**63.
+_BIG_INT = re.compile(rb"[0-9]{19,}")
+_BIG_INT_TEXT = re.compile(r"[0-9]{19,}")  # WebSocket frames arrive as str: no encode on the fast path
 
 
 class _Missing:

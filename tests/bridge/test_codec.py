@@ -79,6 +79,15 @@ def test_a_big_integer_id_is_kept_exactly():
     assert message.id == 123456789012345678901234567890
 
 
+@pytest.mark.parametrize("id_", [-9223372036854775809, -9999999999999999999, 18446744073709551616, 2**63 - 1])
+@pytest.mark.parametrize("as_text", [True, False], ids=["websocket-str", "http-bytes"])
+def test_ids_just_past_64_bits_are_kept_exactly(id_: int, as_text: bool):
+    """orjson turns integers outside [-2**63, 2**64) into floats; 19 digits already get there."""
+    text = '{"jsonrpc":"2.0","id":%d,"method":"m"}' % id_
+    (message,) = parse_frame(text if as_text else text.encode()).messages
+    assert message.id == id_ and isinstance(message.id, int)
+
+
 # ---- dispatch: answers, ids, errors --------------------------------------------------------------
 
 

@@ -224,7 +224,8 @@ async def test_overflow_sends_close_1013_when_the_socket_can_still_write(handler
     assert sock.sent[-1] == {"type": "websocket.close", "code": 1013}
 
 
-@pytest.mark.parametrize("error", [WebSocketDisconnected("gone"), WebSocketDisconnect(1006), OSError("reset")])
+@pytest.mark.parametrize("error", [WebSocketDisconnected("gone"), WebSocketDisconnect(1006), OSError("reset"),
+                                   RuntimeError("Unexpected ASGI message 'websocket.send', after sending 'websocket.close'.")])
 async def test_a_send_after_the_peer_left_stops_quietly(handlers, error):
     sock = FakeSocket(fail_with=error)
     sock.frame(request("test.slow", {"gate": "g2"}, 1))
@@ -269,3 +270,46 @@ async def test_a_frame_over_the_limit_closes_only_that_socket_with_1009(handlers
                 reply = json.loads(await other.recv())
     assert info.value.rcvd is not None and info.value.rcvd.code == 1009
     assert reply["id"] == 2
+
+
+async def test_seq_stays_in_wire_order_when_a_direct_reply_meets_a_slow_socket(handlers):
+    """The reader sends immediate replies itself, the writer task everything else; when the socket
+    stalls with both having something to send, the envelopes still leave in seq order."""
+    import asyncio
+
+    frames: asyncio.Queue[dict] = asyncio.Queue()
+    writable = asyncio.Event()  # uvicorn's send waits on this while the socket buffer is full
+    wire: list[dict] = []
+
+    async def send(message: dict) -> None:
+        await writable.wait()
+        wire.append(json.loads(message["text"]))
+
+    contexts = []
+
+    def capabilities(params: dict, ctx: Any) -> dict:
+        contexts.append(ctx)
+        return {"ok": True}
+
+    from bridge.dispatch import Dispatcher
+
+    connection = Connection(FakeSocket(), Dispatcher({}, {"acp.capabilities": capabilities}), "local",
+                            queue_size=100, receive=frames.get, send=send)  # fmt: skip
+    frame = lambda i: {"type": "websocket.receive", "text": json.dumps(request("acp.capabilities", None, i))}  # noqa: E731
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connection.run)
+        frames.put_nowait(frame(1))
+        with anyio.fail_after(WAIT):
+            while not contexts:  # the reader took frame 1 and is stuck sending its reply
+                await anyio.sleep(0)
+        contexts[0].notify("session.update", {"n": 1})  # a turn's update: the writer wants to send
+        for _ in range(5):
+            await anyio.sleep(0)
+        frames.put_nowait(frame(2))  # the client's next request is already buffered ...
+        writable.set()  # ... when the socket drains,
+        asyncio.get_running_loop().call_soon(contexts[0].notify, "session.update", {"n": 2})  # and output arrives
+        with anyio.fail_after(WAIT):
+            while len(wire) < 4:
+                await anyio.sleep(0)
+        frames.put_nowait({"type": "websocket.disconnect", "code": 1000})
+    assert [m["seq"] for m in wire] == [0, 1, 2, 3]

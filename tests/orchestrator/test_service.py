@@ -302,3 +302,14 @@ def test_update_log_replays_what_it_kept_after_the_given_seq():
     log.append({"type": "done"})
     assert replayed == [{"type": "delta", "delta": "d3", "n": {"i": 3}, "seq": 4},
                         {"type": "delta", "delta": "d4", "n": {"i": 4}, "seq": 5}, {"type": "done", "seq": 6}]
+
+
+def test_update_log_keeps_the_newest_update_even_when_it_alone_exceeds_the_byte_bound():
+    from orchestrator.session import UpdateLog
+
+    log = UpdateLog(max_bytes=1024)
+    log.append({"type": "delta", "delta": "small"})
+    log.append({"type": "tool_call_update", "rawOutput": "x" * 4096})
+    replayed: list[dict] = []
+    log.subscribe(replayed.append, after_seq=0)
+    assert [u["seq"] for u in replayed] == [2] and replayed[0]["rawOutput"] == "x" * 4096
