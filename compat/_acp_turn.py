@@ -98,4 +98,21 @@ def turn_failure(exc: PeerError, phase: str, conn: AcpConnection | None, tail_by
         data = {**upstream, "authMethods": methods, "hint": AUTH_HINT}
         return TurnFailure("AGENT_AUTH_REQUIRED", message, data, kill=False)
     message = upstream["message"] or "agent error"
+    detail = _detail(upstream["data"])
+    if detail and detail not in message:  # "Internal error" alone tells a user nothing
+        message = f"{message}: {detail}"[:MAX_DETAIL_CHARS]
     return TurnFailure("AGENT_ERROR", message, upstream, kill=phase == "initialize")
+
+
+MAX_DETAIL_CHARS = 500
+
+
+def _detail(data: Any) -> str | None:
+    """The agent's own explanation inside a JSON-RPC error's ``data`` (Hermes: ``details``,
+    codex-acp: ``message``), already redacted."""
+    if isinstance(data, dict):
+        for key in ("details", "message"):
+            value = data.get(key)
+            if isinstance(value, str) and value.strip():
+                return " ".join(value.split())
+    return None

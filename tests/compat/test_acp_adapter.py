@@ -181,6 +181,9 @@ async def test_prompt_error_is_agent_error_with_redacted_upstream_details(make_a
     assert outcome.error.data["code"] == -32603 and outcome.error.data["message"] == "Internal error"
     assert outcome.error.data["data"]["codex_error_info"] == "other"
     assert "sk-fake0123456789abcdef" not in orjson.dumps(outcome.error.data).decode()
+    # the agent's own explanation joins the generic message, redacted like the rest
+    assert outcome.error.message.startswith("Internal error: stream disconnected: api_key=")
+    assert "sk-fake0123456789abcdef" not in outcome.error.message
     assert session.pid is not None and process_alive(session.pid)  # an error answer keeps the agent
 
 
