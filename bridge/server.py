@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
+import logging
 import signal
 import socket
 import threading
@@ -28,8 +29,27 @@ GRACEFUL_SHUTDOWN_TIMEOUT = 10
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class _DeniedUpgradeIsNotAnError(logging.Filter):
+    """Drops uvicorn's "ASGI callable returned without completing handshake." error.
+
+    The websockets-sansio protocol logs it after every upgrade refused through the denial-response
+    extension (a 401 or 403 the client receives correctly) because it never marks such a
+    handshake complete; wsproto does (open upstream fix: Kludex/uvicorn#3138). The bridge's
+    ``/acp`` endpoint either accepts or denies, so for this app the line is never a real fault.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing handshake."
+
+
+_DENIAL_FILTER = _DeniedUpgradeIsNotAnError()
+
+
 def uvicorn_config(config: BridgeConfig, app: ASGIApp) -> uvicorn.Config:
     """The uvicorn settings for ``config``: host/port, frame limit and pings, lifespan on."""
+    error_log = logging.getLogger("uvicorn.error")
+    if _DENIAL_FILTER not in error_log.filters:
+        error_log.addFilter(_DENIAL_FILTER)
     return uvicorn.Config(
         app,
         host=config.host,
