@@ -5,9 +5,10 @@ The upgrade is refused before ``accept`` with an HTTP status and a JSON error bo
 401 token). After that, each text frame goes to ``Dispatcher.serve_frame``; requests run
 concurrently in a task group owned by the connection and cancelled when the socket closes.
 Outbound envelopes wait in a bounded queue, so a client that stops reading is dropped instead of
-stalling the handlers that notify it. The reader sends what a frame's immediate replies queued
-before it reads the next frame; a writer task sends what other tasks (turns) queue. Frame size limits and pings
-are uvicorn's (``ws_max_size``, ``ws_ping_interval``; see ``bridge.server``).
+stalling the handlers that notify it. The reader sends what a frame's immediate methods answer
+before it reads the next frame; a writer task sends what other tasks (turns) queue; one sends at a
+time, so ``seq`` order is wire order. Frame size limits and pings are uvicorn's (``ws_max_size``,
+``ws_ping_interval``; see ``bridge.server``).
 
 Imports ``bridge.*`` and Starlette only; knows nothing about sessions.
 """
