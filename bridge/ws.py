@@ -128,8 +128,7 @@ class Connection:
         self._scope = anyio.CancelScope()
         self._close_code: int | None = None
         # One sender at a time keeps seq order on the wire: the reader (for what a frame's immediate
-        # methods answer) or the writer task (for everything else). ``_idle`` is set while nobody sends.
-        self._sending = False
+        # methods answer) or the writer task (for everything else). Set while nobody sends.
         self._idle = asyncio.Event()
         self._idle.set()
         self._direct: list[bytes] | None = None  # see _read_loop
@@ -166,7 +165,7 @@ class Connection:
                 self._direct = None
             if not direct:
                 continue
-            if self._sending or len(self._outbox):
+            if not self._idle.is_set() or len(self._outbox):
                 for envelope in direct:  # behind what was numbered before them
                     self._enqueue(envelope)
             else:
@@ -174,14 +173,13 @@ class Connection:
 
     async def _write_loop(self) -> None:
         while await self._outbox.wait():
-            if self._sending:  # the reader is sending; it also sends what is queued meanwhile
+            if not self._idle.is_set():  # the reader is sending; it also sends what is queued meanwhile
                 await self._idle.wait()
             else:
                 await self._send_all()
 
     async def _send_all(self, first: list[bytes] | None = None) -> None:
         """Send ``first``, then everything queued, including what is queued meanwhile."""
-        self._sending = True
         self._idle.clear()
         batch = first or self._outbox.take()
         try:
@@ -195,7 +193,6 @@ class Connection:
             log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
             self._scope.cancel()
         finally:
-            self._sending = False
             self._idle.set()
 
     def _enqueue(self, envelope: bytes) -> None:
