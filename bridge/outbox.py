@@ -69,11 +69,6 @@ class Outbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for batch in self.batches():
-            for envelope in batch:
-                yield envelope
-
     async def batches(self) -> AsyncIterator[list[bytes]]:
         """Everything queued at each wake-up, oldest first; ends once closed and drained.
 

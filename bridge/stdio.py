@@ -27,6 +27,7 @@ from anyio.from_thread import BlockingPortal
 
 from bridge.config import Limits
 from bridge.dispatch import CallContext, Dispatcher
+from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest
 from bridge.rpc.stream import EnvelopeStream
@@ -140,8 +141,9 @@ async def serve_stdio(
         stdin: chunks of input. Default (with ``stdout`` also None): the process's own stdin and
             stdout, claimed with ``stdio_streams()`` for the duration.
         stdout: receives one envelope per ``send``, each ending in ``\\n``.
-        limits: ``max_message_bytes`` per input message; ``max_connection_queue`` envelopes may
-            wait for stdout before the bridge gives up on a reader that stopped reading.
+        limits: ``max_message_bytes`` per input message; ``max_connection_queue`` envelopes (and
+            ``max_connection_queue_bytes``) may wait for stdout before the bridge gives up on a
+            reader that stopped reading.
     """
     if stdin is not None and stdout is not None:
         await _StdioLink(dispatcher, stdin, stdout, limits).run()
@@ -156,8 +158,7 @@ class _StdioLink:
     ) -> None:
         self._dispatcher, self._stdout, self._limit = dispatcher, stdout, limits.max_message_bytes
         self._reader = FrameReader(stdin, limits.max_message_bytes)
-        queue = limits.max_connection_queue
-        self._outbox_in, self._outbox = anyio.create_memory_object_stream[bytes](queue)
+        self._outbox = Outbox(limits.max_connection_queue, limits.max_connection_queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
         self._ctx = CallContext("local", self._stream.notify, "stdio")
         self._scope = anyio.CancelScope()
@@ -166,9 +167,11 @@ class _StdioLink:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop)
-                async with self._outbox_in:  # closed once every request finished: the writer drains
+                try:
                     async with anyio.create_task_group() as requests:
                         await self._read_loop(requests)
+                finally:
+                    self._outbox.close()  # every request finished: the writer drains, then ends
 
     async def _read_loop(self, requests: TaskGroup) -> None:
         async for message in self._reader.messages():
@@ -180,20 +183,18 @@ class _StdioLink:
 
     async def _write_loop(self) -> None:
         try:
-            async for envelope in self._outbox:
-                await self._stdout.send(envelope + b"\n")
+            async for batch in self._outbox.batches():
+                for envelope in batch:
+                    await self._stdout.send(envelope + b"\n")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             log.info("stdout closed; stopping")
             self._scope.cancel()
 
     def _enqueue(self, envelope: bytes) -> None:
-        try:
-            self._outbox_in.send_nowait(envelope)
-        except anyio.WouldBlock:
+        # After shutdown the outbox ignores offers: a turn that outlives the request notifies into nothing.
+        if not self._outbox.offer(envelope):
             log.error("stdout is not being read; stopping")
             self._scope.cancel()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # after shutdown; a turn that outlives the request notifies into nothing
 
 
 @asynccontextmanager
