@@ -138,14 +138,9 @@ class Dispatcher:
         ``id: null``. A batch's replies are sent as one array once all its requests finished;
         a batch of only notifications sends nothing.
         """
-        if isinstance(data, Frame):
-            frame = data
-        else:
-            try:
-                frame = parse_frame(data)
-            except RpcError as exc:
-                stream.reply(Reply.from_error(None, exc))
-                return
+        frame = self._parse(data, stream)
+        if frame is None:
+            return
         if frame.is_batch:
             tg.start_soon(self._run_batch, frame.messages, stream, ctx)
             return
