@@ -23,7 +23,7 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -97,56 +97,50 @@ class Window:
                 "latency_ms": percentiles(self.latencies), **extra}  # fmt: skip
 
 
-async def rr_ws(port: int, conns: int, inflight: int, warmup: float, duration: float) -> dict[str, Any]:
-    window, frame = Window(), ws_frame(CAPABILITIES)
+def _send_next(window: Window, payload: bytes) -> Callable[[Any, bytearray, int, int], None]:
+    """The reply handler of a request/response load: record the latency, send the next request."""
 
-    def on_frame(conn: WsClient, buf: bytearray, start: int, end: int) -> None:
+    def on_reply(conn: Any, buf: bytearray, start: int, end: int) -> None:
         now = time.perf_counter()
         sent = conn.sent.popleft()  # replies may overtake each other; FIFO is close enough
         if window.open:
             window.count += 1
             window.latencies.append(now - sent)
         conn.sent.append(now)
-        conn.send(frame)
+        conn.send(payload)
 
-    clients = await connect_all(port, conns, on_frame)
+    return on_reply
+
+
+async def _measure(window: Window, clients: list[Any], warmup: float, duration: float) -> dict[str, Any]:
+    """Let the load run ``warmup`` seconds, measure ``duration`` seconds, then hang up."""
+    await asyncio.sleep(warmup)
+    window.start()
+    await asyncio.sleep(duration)
+    window.stop()
+    for conn in clients:
+        conn.transport.close()
+    return window.result()
+
+
+async def rr_ws(port: int, conns: int, inflight: int, warmup: float, duration: float) -> dict[str, Any]:
+    window, frame = Window(), ws_frame(CAPABILITIES)
+    clients = await connect_all(port, conns, _send_next(window, frame))
     for conn in clients:
         now = time.perf_counter()
         conn.sent.extend([now] * inflight)
         conn.send(frame * inflight)
-    await asyncio.sleep(warmup)
-    window.start()
-    await asyncio.sleep(duration)
-    window.stop()
-    for conn in clients:
-        conn.transport.close()  # type: ignore[union-attr]
-    return window.result()
+    return await _measure(window, clients, warmup, duration)
 
 
 async def rr_http(port: int, conns: int, warmup: float, duration: float) -> dict[str, Any]:
     window, request = Window(), http_request(HOST, port, "/acp/rpc", CAPABILITIES)
-    loop = asyncio.get_running_loop()
-
-    def on_response(conn: HttpClient, buf: bytearray, start: int, end: int) -> None:
-        now = time.perf_counter()
-        sent = conn.sent.popleft()
-        if window.open:
-            window.count += 1
-            window.latencies.append(now - sent)
-        conn.sent.append(now)
-        conn.send(request)
-
+    loop, on_response = asyncio.get_running_loop(), _send_next(window, request)
     clients = [(await loop.create_connection(lambda: HttpClient(on_response), HOST, port))[1] for _ in range(conns)]
     for conn in clients:
         conn.sent.append(time.perf_counter())
         conn.send(request)
-    await asyncio.sleep(warmup)
-    window.start()
-    await asyncio.sleep(duration)
-    window.stop()
-    for conn in clients:
-        conn.transport.close()  # type: ignore[union-attr]
-    return window.result()
+    return await _measure(window, clients, warmup, duration)
 
 
 async def stream_ws(port: int, chunks: int, size: int, session: str = "stream-ws") -> dict[str, Any]:
