@@ -291,6 +291,26 @@ def test_update_log_memory_is_bounded():
     assert log._bytes <= 128 * 1024 + 262144 + 256 and log.last_seq == 100
 
 
+def test_update_log_holds_what_it_counts_not_the_encoders_working_buffers():
+    """The kept updates occupy about their encoded length: orjson returns small results in a
+    4 KiB buffer it does not shrink, which made 256 chunk updates of ~150 bytes hold 1 MiB."""
+    import tracemalloc
+
+    from orchestrator.session import UpdateLog
+
+    log = UpdateLog(capacity=256)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(256):
+            log.append({"sessionId": "s1", "turnId": "t1", "type": "delta", "delta": f"chunk {i:04d} " + "x" * 64})
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert log._bytes < 256 * 200
+    assert held < 3 * log._bytes  # the bytes themselves plus the deque's tuples; was ~25x
+
+
 def test_update_log_replays_what_it_kept_after_the_given_seq():
     from orchestrator.session import UpdateLog
 
