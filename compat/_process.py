@@ -45,6 +45,7 @@ import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.rpc.redact import redact, register_env_secrets
+from compat._child import PidfdProcess, pidfd_works
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ _PREVIEW_CHARS = 300
 _SCAN_RAMP = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds between the first descendant scans: launchers
 _SCAN_EVERY = 1.0  # fork early, and a short-lived leader must not take its tree out of view
 _BLANK = re.compile(r"\s")
+_PIDFD = pidfd_works()
 
 
 def cut_tail(text: str, max_bytes: int) -> str:
@@ -164,15 +166,18 @@ async def spawn(
         SpawnError: The command is missing, not executable, or ``cwd`` does not exist.
     """
     try:
-        process = await anyio.open_process(
-            list(argv),
-            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=dict(env),
-            start_new_session=True,
-        )
+        if _PIDFD:  # a vfork instead of the event loop's fork: see compat._child
+            process: anyio.abc.Process = await PidfdProcess.start(argv, stdin_pipe=stdin_pipe, cwd=cwd, env=env)
+        else:
+            process = await anyio.open_process(
+                list(argv),
+                stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+            )
     except OSError as exc:
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc

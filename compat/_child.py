@@ -1,0 +1,232 @@
+"""A child process started with ``subprocess.Popen`` and watched through a pidfd (Linux ≥ 5.3).
+
+Why not ``anyio.open_process``: under uvloop (the bridge's default loop) it goes through libuv's
+``uv_spawn``, which calls ``fork()`` on the event loop; the fork copies the bridge's page tables
+meanwhile, so every spawn stalls every session for a time that grows with the bridge's memory
+(``/bin/true`` from uvloop: 1.8 ms at an idle interpreter's size, 9.3 ms with 150 MiB resident).
+``subprocess.Popen`` uses ``vfork()`` (CPython ≥ 3.10 without ``preexec_fn``), which copies
+nothing: 0.15-0.2 ms at either size. The parent still waits until the child reaches ``exec``,
+which takes many milliseconds when the CPUs are busy (60 Python children started 5 ms apart:
+loop stalls over 3 ms summed to 220-250 ms with ``Popen`` on the loop, 20-45 ms from a worker
+thread, which waits without holding the GIL). So ``Popen`` runs in a worker thread, the pipes
+join the loop as ordinary pipe transports and the exit is a readable pidfd, reaped with
+``Popen.poll``. Where ``os.pidfd_open`` is missing or refused, ``compat._process.spawn`` keeps
+using ``anyio.open_process``.
+
+Must not import: ``bridge`` or ``orchestrator``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+_READ_CHUNK = 65536  # bytes per receive, as anyio's process streams
+_READ_LIMIT = 2**20  # bytes a pipe's StreamReader buffers before pausing the transport
+
+
+def pidfd_works() -> bool:
+    """Whether this kernel grants pidfds (the call exists on Python 3.9+, the syscall on 5.3+)."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def _transport_closes_fd(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop``'s pipe transports close the descriptor themselves.
+
+    uvloop's do (libuv closes it in ``uv_close``) and then also call the file object's
+    ``close()`` (uvloop ``handles/handle.pyx``, ``UVHandle._close``); asyncio's only call
+    ``close()``. The file object handed over must close the descriptor exactly once: a second
+    close could hit a descriptor number reused meanwhile by another session's pipe.
+    """
+    return type(loop).__module__.partition(".")[0] == "uvloop"
+
+
+class _PipeReceiveStream(anyio.abc.ByteReceiveStream):
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
+        self._reader, self._transport = reader, transport
+
+    async def receive(self, max_bytes: int = _READ_CHUNK) -> bytes:
+        data = await self._reader.read(max_bytes)
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def aclose(self) -> None:
+        self._transport.close()
+
+
+class _PipeSendStream(anyio.abc.ByteSendStream):
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, item: bytes) -> None:
+        if self._writer.is_closing():
+            raise anyio.ClosedResourceError
+        self._writer.write(item)
+        await self._writer.drain()
+
+    async def aclose(self) -> None:
+        self._writer.close()
+
+
+class PidfdProcess(anyio.abc.Process):
+    """``anyio.abc.Process`` over a ``Popen`` child; create it with :meth:`start`.
+
+    The pidfd turns readable once the child exits; the reader callback then reaps it
+    (``Popen.poll``), which sets ``returncode`` (negative: the signal that ended it) and wakes
+    :meth:`wait`.
+    """
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], pidfd: int, stdin: _PipeSendStream | None,
+        stdout: _PipeReceiveStream, stderr: _PipeReceiveStream,
+    ) -> None:  # fmt: skip
+        self._popen = popen
+        self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
+        self._exited = anyio.Event()
+        self._pidfd: int | None = pidfd
+        asyncio.get_running_loop().add_reader(pidfd, self._on_exit)
+        self._on_exit()  # it may have exited already (a zombie still has its pid)
+
+    @classmethod
+    async def start(
+        cls, argv: Sequence[str], *, stdin_pipe: bool, cwd: str | None, env: Mapping[str, str]
+    ) -> PidfdProcess:
+        """Start ``argv`` in a new session with piped stdout/stderr (and stdin, or /dev/null).
+
+        Raises:
+            OSError: the command or ``cwd`` is missing or not executable (from ``Popen``).
+        """
+        popen, ours = await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env)
+        # The thread is not abandoned on cancellation, so a started child always gets here; a
+        # cancellation pending meanwhile raises at the first await below, and the child is reaped.
+        loop = asyncio.get_running_loop()
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+            stdout = await _read_pipe(loop, ours.pop("stdout"))
+            stderr = await _read_pipe(loop, ours.pop("stderr"))
+            stdin = await _write_pipe(loop, ours.pop("stdin")) if stdin_pipe else None
+        except BaseException:
+            for fd in (*ours.values(), pidfd):  # not yet handed to a transport or the watch
+                if fd >= 0:
+                    os.close(fd)
+            popen.kill()
+            popen.wait()
+            raise
+        return cls(popen, pidfd, stdin, stdout, stderr)
+
+    def _on_exit(self) -> None:
+        if self._pidfd is None or self._popen.poll() is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
+        self._exited.set()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self._popen.returncode is not None
+        return self._popen.returncode
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    def send_signal(self, signal: int) -> None:
+        self._popen.send_signal(signal)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream | None:
+        return self._stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream | None:
+        return self._stdout
+
+    @property
+    def stderr(self) -> anyio.abc.ByteReceiveStream | None:
+        return self._stderr
+
+    async def aclose(self) -> None:
+        """Close our pipe ends, then wait for the child (as ``anyio.abc.Process.aclose``)."""
+        with anyio.CancelScope(shield=True):
+            for stream in (self._stdin, self._stdout, self._stderr):
+                if stream is not None:
+                    await stream.aclose()
+        try:
+            await self.wait()
+        except BaseException:
+            self.kill()
+            with anyio.CancelScope(shield=True):
+                await self.wait()
+            raise
+
+
+def _popen(
+    argv: Sequence[str], stdin_pipe: bool, cwd: str | None, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """``Popen`` with our own pipes; returns the child and our ends (``stdout``, ``stderr``,
+    ``stdin``). The pipes are close-on-exec, so no other child inherits them; they are not
+    Popen's, whose file objects would close the descriptors again when collected."""
+    ours: dict[str, int] = {}
+    theirs: list[int] = []
+    try:
+        for name in ("stdout", "stderr", "stdin") if stdin_pipe else ("stdout", "stderr"):
+            read_end, write_end = os.pipe()
+            ours[name], child_end = (write_end, read_end) if name == "stdin" else (read_end, write_end)
+            theirs.append(child_end)
+        popen = subprocess.Popen(
+            list(argv), stdin=theirs[2] if stdin_pipe else subprocess.DEVNULL, stdout=theirs[0],
+            stderr=theirs[1], cwd=cwd, env=dict(env), start_new_session=True,
+        )  # fmt: skip
+    except BaseException:
+        for fd in ours.values():
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return popen, ours
+
+
+def _pipe_file(loop: asyncio.AbstractEventLoop, fd: int, mode: str) -> io.FileIO:
+    return io.FileIO(fd, mode, closefd=not _transport_closes_fd(loop))
+
+
+async def _read_pipe(loop: asyncio.AbstractEventLoop, fd: int) -> _PipeReceiveStream:
+    reader = asyncio.StreamReader(limit=_READ_LIMIT, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: protocol, _pipe_file(loop, fd, "rb"))
+    return _PipeReceiveStream(reader, transport)
+
+
+async def _write_pipe(loop: asyncio.AbstractEventLoop, fd: int) -> _PipeSendStream:
+    # StreamReaderProtocol brings the flow control StreamWriter.drain needs; its reader stays
+    # empty (asyncio.subprocess pairs its write pipes with a reading protocol the same way).
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop)
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, _pipe_file(loop, fd, "wb"))
+    return _PipeSendStream(asyncio.StreamWriter(transport, protocol, None, loop))

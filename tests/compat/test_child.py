@@ -1,0 +1,144 @@
+"""``compat._child``: children started with ``Popen`` in a worker thread, pipes on the event loop,
+exit through a pidfd, on both loops the bridge runs on (asyncio's and uvloop's).
+
+* Each pipe descriptor is closed exactly once: uvloop's transports close it themselves, asyncio's
+  leave it to the file object (the contract test pins both behaviours, so a change in either loop
+  shows here first).
+* Nothing leaks: after many children started, read, ended and reaped, the process holds the
+  descriptors it held before; a start that fails (missing command or directory) leaks none.
+* Exit status, signals and stdin behave as ``anyio.open_process`` children do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+import uvloop
+
+from compat._child import PidfdProcess, _transport_closes_fd, pidfd_works
+from compat._process import SpawnError, child_env, spawn
+
+pytestmark = pytest.mark.skipif(not pidfd_works(), reason="pidfd_open is unavailable on this kernel")
+
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+WAIT = 10.0  # seconds: the bound on every wait below
+
+
+def run_on(loop_name: str, main: Callable[[], Awaitable[Any]]) -> Any:
+    with asyncio.Runner(loop_factory=LOOPS[loop_name]) as runner:
+        return runner.run(asyncio.wait_for(main(), WAIT))
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_transport_closes_fd_matches_what_the_loop_does(loop_name: str) -> None:
+    async def main() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        read_end, write_end = os.pipe()
+        os.close(write_end)
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), io.FileIO(read_end, "rb", closefd=False)
+        )
+        await reader.read()  # EOF: the transport closes itself
+        transport.close()
+        await asyncio.sleep(0)  # let the close callbacks run
+        try:
+            os.fstat(read_end)
+            closed = False
+        except OSError:
+            closed = True
+        if not closed:
+            os.close(read_end)
+        return closed, _transport_closes_fd(loop)
+
+    closed, predicted = run_on(loop_name, main)
+    assert closed == predicted
+    assert predicted == (loop_name == "uvloop")
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_many_children_leave_no_descriptor_and_no_process_behind(loop_name: str) -> None:
+    script = "import sys; line = sys.stdin.readline(); sys.stdout.write('echo:' + line); sys.stderr.write('err\\n')"
+
+    async def one() -> tuple[bytes, int]:
+        process = await spawn([sys.executable, "-c", script], cwd=None, env=child_env(),
+                               max_line_bytes=1024, stderr_tail_bytes=1024)  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(process.pump_stderr)
+            await process.send(b"hello\n")
+            line = await process.receive_line()
+            status = await process.wait(WAIT)
+            await process.terminate(grace=1.0)
+        assert process.stderr_tail() == "err\n"
+        assert status is not None
+        return line, status
+
+    async def main() -> list[tuple[bytes, int]]:
+        results: list[tuple[bytes, int]] = []
+
+        async def collect() -> None:
+            results.append(await one())
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(30):
+                tg.start_soon(collect)
+        return results
+
+    before = open_fds()
+    results = run_on(loop_name, main)
+    assert results == [(b"echo:hello", 0)] * 30
+    assert open_fds() == before
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_failed_start_is_a_spawn_error_and_leaks_nothing(loop_name: str) -> None:
+    async def main() -> list[str]:
+        messages = []
+        for argv, cwd in (([sys.executable, "-c", "pass"], "/nonexistent/dir"), (["/nonexistent/agent"], None)):
+            with pytest.raises(SpawnError) as caught:
+                await spawn(argv, cwd=cwd, env=child_env(), max_line_bytes=64, stderr_tail_bytes=64)
+            messages.append(str(caught.value))
+        return messages
+
+    before = open_fds()
+    missing_dir, missing_command = run_on(loop_name, main)
+    assert "working directory does not exist: /nonexistent/dir" in missing_dir
+    assert "/nonexistent/agent" in missing_command
+    assert open_fds() == before
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_exit_status_signal_and_devnull_stdin(loop_name: str) -> None:
+    async def main() -> tuple[int, int, bytes]:
+        env = child_env()
+        exits = await PidfdProcess.start([sys.executable, "-c", "raise SystemExit(3)"], stdin_pipe=True, cwd=None, env=env)
+        status = await exits.wait()
+        await exits.aclose()
+        sleeper = await PidfdProcess.start([sys.executable, "-c", "import time; time.sleep(60)"],
+                                           stdin_pipe=True, cwd=None, env=env)  # fmt: skip
+        sleeper.send_signal(signal.SIGTERM)
+        killed = await sleeper.wait()
+        await sleeper.aclose()
+        reads = await PidfdProcess.start([sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"],
+                                         stdin_pipe=False, cwd=None, env=env)  # fmt: skip
+        assert reads.stdin is None and reads.stdout is not None
+        out = await reads.stdout.receive()
+        await reads.aclose()
+        return status, killed, out
+
+    status, killed, out = run_on(loop_name, main)
+    assert status == 3
+    assert killed == -signal.SIGTERM
+    assert out.strip() == b"''"  # /dev/null: an immediate EOF, never a hang
