@@ -124,3 +124,32 @@ async def test_sources_list_readiness_without_absolute_roots(wiki_copy: Path) ->
     assert entry["ready"] is True and "llmwiki_search_mode_lexical" in entry["capabilities"]
     assert entry["pageCount"] == 12 and entry["approvedPageCount"] == 11
     assert str(wiki_copy) not in repr(listing)
+
+
+async def test_symlinks_in_the_root_are_served_those_leading_out_and_hidden_folders_are_not(tmp_path: Path) -> None:
+    root, outside = tmp_path / "wiki", tmp_path / "outside"
+    (root / "notes").mkdir(parents=True)
+    (root / ".drafts").mkdir()
+    outside.mkdir()
+    (root / "notes" / "real.md").write_text("# Real\n\nquince harvest\n")
+    (root / ".drafts" / "hidden.md").write_text("# Hidden\n\nquince hidden\n")
+    (outside / "secret.md").write_text("# Secret\n\nquince secret\n")
+    (root / "alias.md").symlink_to(root / "notes" / "real.md")
+    (root / "leak.md").symlink_to(outside / "secret.md")
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    source = wiki_source(root)
+    hits = await source.search("quince", RoutedRetrieval())
+    assert sorted(h["page_id"] for h in hits) == ["alias", "notes/real"]
+    await source.aclose()
+
+
+async def test_two_files_with_one_page_id_never_leave_two_search_rows(tmp_path: Path) -> None:
+    (tmp_path / "plan.md").write_text("# Plan\n\nmarmalade schedule\n")
+    (tmp_path / "plan.markdown").write_text("# Plan\n\nmarmalade budget\n")
+    source = wiki_source(tmp_path)
+    for _ in range(3):  # each scan may pick the other file for the id; the index keeps one row
+        assert [h["page_id"] for h in await source.search("marmalade", RoutedRetrieval())] == ["plan"]
+    (tmp_path / "plan.md").unlink()
+    (tmp_path / "plan.markdown").unlink()
+    assert await source.search("marmalade", RoutedRetrieval()) == []
+    await source.aclose()

