@@ -23,6 +23,7 @@ import anyio
 import pytest
 import uvloop
 
+import compat._process
 from compat._child import PidfdProcess, _transport_closes_fd, pidfd_works
 from compat._process import SpawnError, child_env, spawn
 
@@ -68,8 +69,12 @@ def test_transport_closes_fd_matches_what_the_loop_does(loop_name: str) -> None:
     assert predicted == (loop_name == "uvloop")
 
 
+@pytest.mark.parametrize("pidfd", [True, False], ids=["popen-pidfd", "anyio-fallback"])
 @pytest.mark.parametrize("loop_name", LOOPS)
-def test_many_children_leave_no_descriptor_and_no_process_behind(loop_name: str) -> None:
+def test_many_children_leave_no_descriptor_and_no_process_behind(
+    loop_name: str, pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compat._process, "_PIDFD", pidfd)  # the fallback where pidfds are refused
     script = "import sys; line = sys.stdin.readline(); sys.stdout.write('echo:' + line); sys.stderr.write('err\\n')"
 
     async def one() -> tuple[bytes, int]:
