@@ -194,6 +194,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
         _explain(reply["error"])
         return 1
     result = reply.get("result") or {}
+    summary = turn_summary(result, seconds)
+    print(summary)
+    return 0 if result.get("success") else 1
+
+
+def turn_summary(result: dict[str, Any], seconds: float) -> str:
+    """``chat``'s closing line(s): ``[status] turnId=… provider=… seconds=…``, then the error's
+    code and message, its hint and the agent's ``authMethods`` when the result carries them."""
     summary = (f"[{result.get('status')}] turnId={result.get('turnId') or '-'} "
                f"provider={result.get('resolvedProviderId') or '-'} seconds={seconds:.2f}")  # fmt: skip
     if result.get("status") == "unavailable":
@@ -201,10 +209,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     elif result.get("error"):
         error = result["error"]
         summary += f" {error.get('code')}: {error.get('message')}"
-        if (error.get("data") or {}).get("hint"):
-            summary += f"\nhint: {error['data']['hint']}"
-    print(summary)
-    return 0 if result.get("success") else 1
+        data = error.get("data") or {}
+        if data.get("hint"):
+            summary += f"\nhint: {data['hint']}"
+        if data.get("authMethods"):  # the ids the hint's providers.<id>.authMethod can name
+            summary += "\nauthMethods: " + ", ".join(str(m.get("id", m) if isinstance(m, dict) else m)
+                                                     for m in data["authMethods"])  # fmt: skip
+    return summary
 
 
 async def _quietly(call: Any) -> None:

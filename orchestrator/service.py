@@ -362,7 +362,8 @@ class Orchestrator:
         session.record("user", params.task_prompt)
         if output:
             session.record("assistant", output)
-        log.info("turn %s on %s ended %s in %.2fs", turn_id, provider_id, outcome.status, time.monotonic() - started)
+        log.info("turn %s on %s ended %s%s in %.2fs", turn_id, provider_id, outcome.status,
+                 f" ({error_code})" if error_code else "", time.monotonic() - started)  # fmt: skip
         return self._result(session, resolution, turn_id, outcome, output, reset)
 
     async def _bounded_turn(self, provider: Any, request: TurnRequest, runner: TurnRunner) -> TurnOutcome:

@@ -77,3 +77,15 @@ def test_output_piped_into_a_reader_that_leaves_is_not_a_traceback(tmp_path):
         os.close(write_end)
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
     assert proc.returncode == 1
+
+
+def test_chat_summary_names_the_auth_methods_the_hint_refers_to():
+    from bridge.cli import turn_summary
+
+    result = {"status": "failed", "turnId": "turn-1", "resolvedProviderId": "codex", "success": False,
+              "error": {"code": "AGENT_AUTH_REQUIRED", "message": "Authentication required",
+                        "data": {"hint": "set providers.<id>.authMethod to one of authMethods",
+                                 "authMethods": ["chatgpt", {"id": "openai-api-key", "name": "API key"}]}}}  # fmt: skip
+    lines = turn_summary(result, 0.13).splitlines()
+    assert lines[0] == "[failed] turnId=turn-1 provider=codex seconds=0.13 AGENT_AUTH_REQUIRED: Authentication required"
+    assert lines[1].startswith("hint: ") and lines[2] == "authMethods: chatgpt, openai-api-key"

@@ -81,9 +81,11 @@ async def test_seq_continues_across_turns_and_session_start(orch):
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-async def test_provider_failure_is_a_result_that_keeps_streamed_text(orch):
+async def test_provider_failure_is_a_result_that_keeps_streamed_text(orch, caplog):
     rec = Recorder()
-    result = await orch.run_turn(params("fail"), "local", rec, start=True)
+    with caplog.at_level("INFO", logger="orchestrator.service"):
+        result = await orch.run_turn(params("fail"), "local", rec, start=True)
+    assert any(" ended failed (AGENT_EXITED) in " in r.getMessage() for r in caplog.records)  # the log says why
     assert result["success"] is False and result["status"] == "failed"
     assert result["output"] == "before failure"
     assert result["error"]["code"] == "AGENT_EXITED" and result["error"]["providerId"] == "fake"
