@@ -19,8 +19,10 @@ Must not import: ``bridge`` or ``orchestrator``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
@@ -29,7 +31,9 @@ import anyio.abc
 import anyio.to_thread
 
 _READ_CHUNK = 65536  # bytes per receive, as anyio's process streams
-_READ_LIMIT = 2**20  # bytes a pipe's StreamReader buffers before pausing the transport
+_READ_LIMIT = 2**16
+"""Bytes of StreamReader limit per pipe, asyncio's default as ``anyio.open_process`` uses: the
+transport pauses once twice this is buffered unread (lines are bounded separately)."""
 
 
 def pidfd_works() -> bool:
@@ -49,9 +53,11 @@ def _transport_closes_fd(loop: asyncio.AbstractEventLoop) -> bool:
     uvloop's do (libuv closes it in ``uv_close``) and then also call the file object's
     ``close()`` (uvloop ``handles/handle.pyx``, ``UVHandle._close``); asyncio's only call
     ``close()``. The file object handed over must close the descriptor exactly once: a second
-    close could hit a descriptor number reused meanwhile by another session's pipe.
+    close could hit a descriptor number reused meanwhile by another session's pipe. A subclass
+    of uvloop's loop (instrumentation wraps it so) counts as uvloop: the MRO is checked, without
+    importing uvloop where it is not in use.
     """
-    return type(loop).__module__.partition(".")[0] == "uvloop"
+    return any(cls.__module__.partition(".")[0] == "uvloop" for cls in type(loop).__mro__)
 
 
 class _PipeReceiveStream(anyio.abc.ByteReceiveStream):
@@ -115,19 +121,30 @@ class PidfdProcess(anyio.abc.Process):
         # cancellation pending meanwhile raises at the first await below, and the child is reaped.
         loop = asyncio.get_running_loop()
         pidfd = -1
+        connected: list[asyncio.BaseTransport] = []
         try:
             pidfd = os.pidfd_open(popen.pid)
-            stdout = await _read_pipe(loop, ours.pop("stdout"))
-            stderr = await _read_pipe(loop, ours.pop("stderr"))
-            stdin = await _write_pipe(loop, ours.pop("stdin")) if stdin_pipe else None
+            stdout = await _read_pipe(loop, ours.pop("stdout"), connected)
+            stderr = await _read_pipe(loop, ours.pop("stderr"), connected)
+            stdin = await _write_pipe(loop, ours.pop("stdin"), connected) if stdin_pipe else None
         except BaseException:
+            for transport in connected:  # uvloop's stay open after EOF until closed
+                transport.close()
             for fd in (*ours.values(), pidfd):  # not yet handed to a transport or the watch
                 if fd >= 0:
                     os.close(fd)
-            popen.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)  # the new session's group: what it started too
             popen.wait()
             raise
         return cls(popen, pidfd, stdin, stdout, stderr)
+
+    def __del__(self) -> None:
+        # Only reached once no loop holds ``_on_exit`` any more: a loop closed while the child
+        # still ran (the child itself is reaped by Popen's own bookkeeping).
+        if getattr(self, "_pidfd", None) is not None:
+            os.close(self._pidfd)  # type: ignore[arg-type]
+            self._pidfd = None
 
     def _on_exit(self) -> None:
         if self._pidfd is None or self._popen.poll() is None:
@@ -217,16 +234,22 @@ def _pipe_file(loop: asyncio.AbstractEventLoop, fd: int, mode: str) -> io.FileIO
     return io.FileIO(fd, mode, closefd=not _transport_closes_fd(loop))
 
 
-async def _read_pipe(loop: asyncio.AbstractEventLoop, fd: int) -> _PipeReceiveStream:
+async def _read_pipe(
+    loop: asyncio.AbstractEventLoop, fd: int, connected: list[asyncio.BaseTransport]
+) -> _PipeReceiveStream:
     reader = asyncio.StreamReader(limit=_READ_LIMIT, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     transport, _ = await loop.connect_read_pipe(lambda: protocol, _pipe_file(loop, fd, "rb"))
+    connected.append(transport)
     return _PipeReceiveStream(reader, transport)
 
 
-async def _write_pipe(loop: asyncio.AbstractEventLoop, fd: int) -> _PipeSendStream:
+async def _write_pipe(
+    loop: asyncio.AbstractEventLoop, fd: int, connected: list[asyncio.BaseTransport]
+) -> _PipeSendStream:
     # StreamReaderProtocol brings the flow control StreamWriter.drain needs; its reader stays
     # empty (asyncio.subprocess pairs its write pipes with a reading protocol the same way).
     protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop)
     transport, _ = await loop.connect_write_pipe(lambda: protocol, _pipe_file(loop, fd, "wb"))
+    connected.append(transport)
     return _PipeSendStream(asyncio.StreamWriter(transport, protocol, None, loop))

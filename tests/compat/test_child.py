@@ -29,7 +29,11 @@ from compat._process import SpawnError, child_env, spawn
 
 pytestmark = pytest.mark.skipif(not pidfd_works(), reason="pidfd_open is unavailable on this kernel")
 
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+class TracingLoop(uvloop.Loop):  # as instrumentation libraries wrap the loop
+    pass
+
+
+LOOPS = {"asyncio": asyncio.SelectorEventLoop, "uvloop": uvloop.new_event_loop, "uvloop-subclass": TracingLoop}
 WAIT = 10.0  # seconds: the bound on every wait below
 
 
@@ -66,7 +70,7 @@ def test_transport_closes_fd_matches_what_the_loop_does(loop_name: str) -> None:
 
     closed, predicted = run_on(loop_name, main)
     assert closed == predicted
-    assert predicted == (loop_name == "uvloop")
+    assert predicted == loop_name.startswith("uvloop")
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["popen-pidfd", "anyio-fallback"])
@@ -147,3 +151,54 @@ def test_exit_status_signal_and_devnull_stdin(loop_name: str) -> None:
     assert status == 3
     assert killed == -signal.SIGTERM
     assert out.strip() == b"''"  # /dev/null: an immediate EOF, never a hang
+
+
+@pytest.mark.parametrize("failing_step", [1, 2, 3])
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_start_interrupted_while_connecting_its_pipes_closes_them_and_kills_the_child(
+    loop_name: str, failing_step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancellation at the n-th pipe connection (a timeout or ``session.cancel`` from another
+    task) closes the pipes connected so far and ends the child's process group."""
+    import compat._child as child
+
+    steps = {"count": 0, "armed": 0}
+    real_read, real_write = child._read_pipe, child._write_pipe
+
+    def interrupt_at_step(real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def connect(*args: Any) -> Any:
+            stream = await real(*args)
+            steps["count"] += steps["armed"]
+            if steps["armed"] and steps["count"] == failing_step:
+                raise asyncio.CancelledError
+            return stream
+
+        return connect
+
+    monkeypatch.setattr(child, "_read_pipe", interrupt_at_step(real_read))
+    monkeypatch.setattr(child, "_write_pipe", interrupt_at_step(real_write))
+
+    async def main() -> tuple[int, set[int]]:
+        pids: list[int] = []
+        real_popen = child._popen
+        warm = await PidfdProcess.start([sys.executable, "-c", "pass"], stdin_pipe=True, cwd=None, env=child_env())
+        await warm.aclose()  # the loop's one-time descriptors (its wake-up fd; uvloop's /dev/null)
+        before = open_fds()
+        steps["armed"] = 1
+
+        def recording_popen(*args: Any) -> Any:
+            popen, ours = real_popen(*args)
+            pids.append(popen.pid)
+            return popen, ours
+
+        monkeypatch.setattr(child, "_popen", recording_popen)
+        with pytest.raises(asyncio.CancelledError):
+            await PidfdProcess.start([sys.executable, "-c", "import time; time.sleep(60)"],
+                                     stdin_pipe=True, cwd=None, env=child_env())  # fmt: skip
+        await asyncio.sleep(0)  # let closed transports finish closing
+        return pids[0], open_fds() - before  # checked before the loop closes what is left
+
+    pid, left_open = run_on(loop_name, main)
+    assert left_open == set()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped already, not a zombie of ours
