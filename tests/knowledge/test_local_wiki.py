@@ -153,3 +153,32 @@ async def test_two_files_with_one_page_id_never_leave_two_search_rows(tmp_path: 
     (tmp_path / "plan.markdown").unlink()
     assert await source.search("marmalade", RoutedRetrieval()) == []
     await source.aclose()
+
+
+async def test_a_fifo_and_an_undecodable_name_are_skipped_and_the_rest_is_served(tmp_path: Path) -> None:
+    (tmp_path / "good.md").write_text("# Good\n\npersimmon orchard\n")
+    os.mkfifo(tmp_path / "pipe.md")  # reading it would block the refresh while it holds the index
+    (tmp_path / os.fsdecode(b"bad-\xff.md")).write_text("# Bad\n\npersimmon bad\n")
+    (tmp_path / os.fsdecode(b"dir-\xff")).mkdir()
+    (tmp_path / os.fsdecode(b"dir-\xff") / "inner.md").write_text("# Inner\n\npersimmon inner\n")
+    source = wiki_source(tmp_path)
+    assert [h["page_id"] for h in await source.search("persimmon", RoutedRetrieval())] == ["good"]
+    await source.aclose()
+
+
+def test_a_page_replaced_after_the_scan_is_not_read(tmp_path: Path) -> None:
+    from compat.knowledge.sources._wiki_index import WikiIndex
+
+    outside = tmp_path / "outside.md"
+    outside.write_text("# Secret\n\nnot for the wiki\n")
+    root = tmp_path / "wiki"
+    root.mkdir()
+    page = root / "page.md"
+    page.write_text("# Page\n\nfine\n")
+    index = WikiIndex(root)
+    scanned = index._scan()["page.md"]
+    assert index._read("page.md", scanned) == "# Page\n\nfine\n"
+    page.unlink()
+    page.symlink_to(outside)  # swapped between the scan and the read
+    assert index._read("page.md", scanned) is None
+    index.close()

@@ -21,6 +21,7 @@ import re
 import sqlite3
 import threading
 from dataclasses import dataclass
+from stat import S_ISREG
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -124,6 +125,16 @@ def fts_query(text: str, literal: bool = False) -> str | None:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms) or None
 
 
+def _utf8(name: str) -> bool:
+    """Whether a file name is valid UTF-8 (undecodable bytes arrive as surrogate escapes, which
+    no page path, JSON reply or SQLite text can carry)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class WikiIndex:
     """The parsed pages of one folder and their FTS5 index (in memory)."""
 
@@ -163,12 +174,14 @@ class WikiIndex:
             for entry in entries:
                 try:
                     if entry.is_dir():  # follows a symlink, as os.walk classifies; not descended into
-                        if not entry.is_symlink():
+                        if not entry.is_symlink() and _utf8(entry.name):
                             folders.append((entry.path, f"{prefix}{entry.name}/"))
                         continue
-                    if not entry.name.lower().endswith(SUFFIXES):
+                    if not entry.name.lower().endswith(SUFFIXES) or not _utf8(entry.name):
                         continue
                     stat = entry.stat()
+                    if not S_ISREG(stat.st_mode):  # a FIFO named page.md would block the read
+                        continue
                     if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(self.root):
                         continue
                 except OSError:
@@ -205,9 +218,8 @@ class WikiIndex:
         self._db.execute("DELETE FROM pages WHERE path = ?", (rel,))
 
     def _upsert(self, rel: str, stat: os.stat_result) -> None:
-        try:
-            text = (self.root / rel).read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        text = self._read(rel, stat)
+        if text is None:
             return
         page = parse_page(rel, text)
         self._delete(rel)
@@ -222,6 +234,27 @@ class WikiIndex:
         if not page.draft:
             self._db.execute("INSERT INTO pages_fts (rowid, id, title, body) VALUES (?,?,?,?)",
                              (row.lastrowid, page.id, page.title, page.body))  # fmt: skip
+
+    def _read(self, rel: str, scanned: os.stat_result) -> str | None:
+        """The text of the file the scan saw, or None when it is gone or is another file now.
+
+        The file is opened without blocking and must still be the scanned one (same device and
+        inode): a page swapped for a link leading out of the root, or for a FIFO, between the
+        scan and this read is not indexed; the next scan judges what is there then.
+        """
+        try:
+            fd = os.open(self.root / rel, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with open(fd, "rb") as handle:
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (scanned.st_dev, scanned.st_ino) or not S_ISREG(opened.st_mode):
+                return None
+            try:
+                data = handle.read(self.max_file_bytes + 1)
+            except OSError:
+                return None
+        return None if len(data) > self.max_file_bytes else data.decode("utf-8", errors="replace")
 
     def _page(self, row: tuple[Any, ...]) -> Page:
         pid, path, title, summary, meta, body, links, tags, headings, role, draft = row[:11]
