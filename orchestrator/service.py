@@ -153,8 +153,11 @@ class Orchestrator:
         except ValueError as exc:
             raise InvalidParams(f"Invalid params: {exc}", field="routing") from exc
         available = self.registry.available()
-        # Auto routing picks a knowledge provider only when it is the only one available.
-        agents = [p for p in available if self.registry.category(p) != "knowledge"] or available
+        # Auto routing picks a knowledge provider only when it is the only one available, and an
+        # agent known to need authentication only when no agent is ready (explicit routing still
+        # reaches it, and its turn then says how to authenticate).
+        agents = [p for p in available if self.registry.category(p) != "knowledge"]
+        agents = [p for p in agents if self.registry.status(p).available] or agents or available
         resolution = resolve(inp, available, self.gateway_configured, auto_available=agents)
         chosen = resolution.resolved_provider_id
         if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:

@@ -335,3 +335,23 @@ def test_update_log_keeps_the_newest_update_even_when_it_alone_exceeds_the_byte_
     replayed: list[dict] = []
     log.subscribe(replayed.append, after_seq=0)
     assert [u["seq"] for u in replayed] == [2] and replayed[0]["rawOutput"] == "x" * 4096
+
+
+async def test_auto_routing_passes_over_an_agent_known_to_need_authentication(tmp_path):
+    from compat.base import TurnError, TurnOutcome
+    from orchestrator.models import ResolveParams
+
+    adapters = {"first": FakeAdapter("first"), "second": FakeAdapter("second")}
+    registry = ProviderRegistry(adapters, set(adapters))
+    async with in_background(Orchestrator(registry, [tmp_path.resolve()], Limits(), Timeouts())) as orch:
+        def resolved(routing: dict[str, Any] | None = None) -> str:
+            wire = orch.resolve(ResolveParams.model_validate({"taskPrompt": "fix the bug", "routing": routing}))
+            return wire["resolvedProviderId"]
+
+        assert resolved() == "first"
+        registry.note_turn("first", TurnOutcome("failed", error=TurnError("AGENT_AUTH_REQUIRED", "login first")))
+        assert resolved() == "second"  # auto routing prefers the agent that can run
+        explicit = {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": "first"}
+        assert resolved(explicit) == "first"  # still reachable by name, to report how to log in
+        registry.note_turn("second", TurnOutcome("failed", error=TurnError("AGENT_AUTH_REQUIRED", "login too")))
+        assert resolved() == "first"  # none ready: the first one, whose turn explains
