@@ -197,13 +197,12 @@ class AcpAdapter:
                 self._probes.discard(conn)
         return ProbeResult("ok", _agent_label(info))
 
-
     async def _needs_auth(self, conn: AcpConnection) -> ProbeResult | None:
         """``auth_required`` when ``session/new`` says so (with the configured ``authMethod``,
         if any, tried first), else None.
 
         An agent that lists ways to authenticate may refuse every session until one is used
-        (codex-acp, gemini, claude without credentials). ``initialize`` succeeds either way, so
+        (codex-acp and gemini without credentials). ``initialize`` succeeds either way, so
         without asking for a session the probe said ``ok`` and the first turn failed. The check
         is bounded by ``initializeTimeout``; an agent that takes longer, or fails for another
         reason, keeps ``ok`` (its turns report the real cause). The probe's process is ended

@@ -24,10 +24,9 @@ import pytest
 import uvloop
 
 import compat._process
-from compat._child import PidfdProcess, _transport_closes_fd, pidfd_works
+from compat._child import PidfdProcess, _transport_closes_fd
 from compat._process import SpawnError, child_env, spawn
 
-pytestmark = pytest.mark.skipif(not pidfd_works(), reason="pidfd_open is unavailable on this kernel")
 
 class TracingLoop(uvloop.Loop):  # as instrumentation libraries wrap the loop
     pass
