@@ -491,6 +491,9 @@ async def test_the_full_probe_finds_an_agent_that_refuses_sessions_until_authent
     assert refused.status == "auth_required" and refused.detail.endswith("authMethods: fake-key")
     configured = await make_agent("auth", auth_method="fake-key").probe_full()
     assert configured.status == "ok"
+    silent = make_agent("auth", "hangsession", timeouts={"initialize_timeout": 0.3})
+    with anyio.fail_after(5):  # the check is bounded by initializeTimeout; then the probe says ok
+        assert (await silent.probe_full()).status == "ok"
 
 
 def test_presets_name_the_agents_and_fill_missing_fields() -> None:
