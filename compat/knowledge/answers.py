@@ -23,7 +23,19 @@ def anchor(n: int) -> str:
 
 
 def _cut(text: str, limit: int = SNIPPET_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    text = text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return _close_code_span(text)
+
+
+def _close_code_span(text: str) -> str:
+    """A snippet cut inside a `code span` gets the backtick it lost, so the rest of the answer
+    does not render as code: after the leading ``…`` when the cut was at the start, else at the
+    end (before a trailing ``…``)."""
+    if text.count("`") % 2 == 0:
+        return text
+    if text.startswith("…"):
+        return "…`" + text[1:]
+    return text[:-1] + "`…" if text.endswith("…") else text + "`"
 
 
 def top_citations(citations: list[dict[str, Any]], count: int = TOP_SNIPPETS) -> list[int]:

@@ -62,3 +62,13 @@ def test_evidence_only_answers_take_each_sources_best_first() -> None:
     answer = evidence_only(citations, answered=2, failed=1)
     assert "**A1**: a1 [1](#citation-1)" in answer and "**B1**: b1 [3](#citation-3)" in answer
     assert "A3" not in answer and "Source failures: 1 selected source(s)" in answer
+
+
+def test_a_snippet_cut_inside_a_code_span_gets_its_backtick_back() -> None:
+    citations = [{"sourceId": "a", "title": "Start", "snippet": "…knowledge`, or on the command line with `chat`."},
+                 {"sourceId": "b", "title": "End", "snippet": "set it in the file (`xworkmate-bridge.yaml…"},
+                 {"sourceId": "c", "title": "Whole", "snippet": "run `serve` first"}]  # fmt: skip
+    answer = evidence_only(citations, answered=3, failed=0)
+    assert "**Start**: …`knowledge`, or on the command line with `chat`. [1]" in answer
+    assert "**End**: set it in the file (`xworkmate-bridge.yaml`… [2]" in answer
+    assert "**Whole**: run `serve` first [3]" in answer

@@ -182,3 +182,11 @@ def test_a_page_replaced_after_the_scan_is_not_read(tmp_path: Path) -> None:
     page.symlink_to(outside)  # swapped between the scan and the read
     assert index._read("page.md", scanned) is None
     index.close()
+
+
+async def test_a_snippet_from_the_top_of_a_page_does_not_repeat_its_headings(tmp_path: Path) -> None:
+    (tmp_path / "auth.md").write_text("# Auth tokens\n\n## Set a token\n\nSet a token with the tangerine variable.\n")
+    source = wiki_source(tmp_path)
+    [hit] = await source.search("tangerine", RoutedRetrieval())
+    assert hit["title"] == "Auth tokens" and hit["snippet"] == "Set a token with the tangerine variable."
+    await source.aclose()

@@ -77,10 +77,12 @@ def _first_paragraph(body: str) -> str:
 
 
 def plain(text: str) -> str:
-    """Markdown made readable on one line: wikilinks to their labels, heading marks dropped."""
+    """Markdown made readable on one line: wikilinks to their labels, heading lines dropped (a
+    hit shows its page title already; a snippet from the top of a page repeated it, and its
+    section headings ran into the text)."""
     text = re.sub(r"\[\[([^\]|]+)\|([^\]]+)\]\]", r"\2", text)
     text = re.sub(r"\[\[([^\]]+)\]\]", r"\1", text)
-    text = re.sub(r"(?m)^#{1,6}\s+", "", text)
+    text = re.sub(r"(?m)^[ \t]*#{1,6}[ \t].*$", "", text)
     return " ".join(text.split())
 
 
