@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -194,9 +195,27 @@ def cmd_chat(args: argparse.Namespace) -> int:
         _explain(reply["error"])
         return 1
     result = reply.get("result") or {}
+    for line in cited_sources(result):
+        print(line)
     summary = turn_summary(result, seconds)
     print(summary)
     return 0 if result.get("success") else 1
+
+
+def cited_sources(result: dict[str, Any]) -> list[str]:
+    """``[n] title (sourceId: path)`` for each ``[n](#citation-n)`` anchor in the output, from the
+    knowledge artifact's ``citations`` (docs/api.md "Knowledge sources"); a terminal cannot follow
+    the anchors."""
+    used = sorted({int(n) for n in re.findall(r"\]\(#citation-(\d+)\)", str(result.get("output") or ""))})
+    citations = next((a.get("citations") for a in result.get("artifacts") or []
+                      if isinstance(a, dict) and isinstance(a.get("citations"), list)), [])  # fmt: skip
+    lines = []
+    for n in used:
+        if 1 <= n <= len(citations) and isinstance(citations[n - 1], dict):
+            c = citations[n - 1]
+            where = ": ".join(str(x) for x in (c.get("sourceId"), c.get("path") or c.get("pageId")) if x)
+            lines.append(f"[{n}] {c.get('title') or c.get('id') or '?'}" + (f" ({where})" if where else ""))
+    return lines
 
 
 def turn_summary(result: dict[str, Any], seconds: float) -> str:

@@ -89,3 +89,15 @@ def test_chat_summary_names_the_auth_methods_the_hint_refers_to():
     lines = turn_summary(result, 0.13).splitlines()
     assert lines[0] == "[failed] turnId=turn-1 provider=codex seconds=0.13 AGENT_AUTH_REQUIRED: Authentication required"
     assert lines[1].startswith("hint: ") and lines[2] == "authMethods: chatgpt, openai-api-key"
+
+
+def test_chat_lists_the_sources_its_citation_anchors_point_to():
+    from bridge.cli import cited_sources
+
+    result = {"output": "Use a token [1](#citation-1). See also [3](#citation-3) and [1](#citation-1).",
+              "artifacts": [{"type": "llmwiki_agent_result", "citations": [
+                  {"title": "Auth", "sourceId": "bridge-docs", "path": "auth.md"},
+                  {"title": "Unused", "sourceId": "bridge-docs", "path": "x.md"},
+                  {"title": "Providers", "sourceId": "wiki", "pageId": "providers"}]}]}  # fmt: skip
+    assert cited_sources(result) == ["[1] Auth (bridge-docs: auth.md)", "[3] Providers (wiki: providers)"]
+    assert cited_sources({"output": "no anchors", "artifacts": []}) == []
