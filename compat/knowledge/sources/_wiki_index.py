@@ -127,6 +127,20 @@ def fts_query(text: str, literal: bool = False) -> str | None:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms) or None
 
 
+def _one_file_per_page(files: dict[str, os.stat_result]) -> dict[str, os.stat_result]:
+    """The first file in scan order for each page id: ``a.md`` and ``a.markdown`` are both page
+    ``a``, and indexing both made each replace the other on every refresh (a re-parse and a
+    new graph each time, and answers that depended on which one won last)."""
+    seen: set[str] = set()
+    kept: dict[str, os.stat_result] = {}
+    for rel, stat in files.items():
+        page_id = str(PurePosixPath(rel).with_suffix(""))
+        if page_id not in seen:
+            seen.add(page_id)
+            kept[rel] = stat
+    return kept
+
+
 def _utf8(name: str) -> bool:
     """Whether a file name is valid UTF-8 (undecodable bytes arrive as surrogate escapes, which
     no page path, JSON reply or SQLite text can carry)."""
@@ -202,7 +216,7 @@ class WikiIndex:
         """Re-index pages whose mtime or size changed; drop pages whose file is gone."""
         if not self.root.is_dir():
             raise FileNotFoundError("wiki root is not a folder")
-        files = self._scan()
+        files = _one_file_per_page(self._scan())
         with self._lock:
             known = {row[0]: (row[1], row[2]) for row in self._db.execute("SELECT path, mtime_ns, size FROM pages")}
             changed = [p for p, st in files.items() if known.get(p) != (st.st_mtime_ns, st.st_size)]
