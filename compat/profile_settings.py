@@ -57,6 +57,13 @@ class ProfileConfig(BaseModel):
     cli_session_first_line_prefix: str | None = None
     label: str | None = None
     max_concurrent: int = Field(8, ge=1, validation_alias=AliasChoices("max_concurrent", "maxConcurrent"))
+    # iLink Hub profile keys that have nothing to act on here, accepted so that its profiles run
+    # unchanged (exec-profiles-and-hermes.md §2): the Hub splits a reply into WeChat messages of
+    # max_reply_chars, keeps truncation_suffix unused on that path, and lists description in its
+    # MCP list_agents. A turn here has one output, bounded by limits.maxOutputBytes.
+    description: str | None = None
+    max_reply_chars: int = Field(8000, ge=1)
+    truncation_suffix: str | None = None
 
     @field_validator("type", mode="before")
     @classmethod

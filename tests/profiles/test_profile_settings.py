@@ -34,6 +34,16 @@ def test_defaults_follow_the_ilink_profile_spec() -> None:
     assert profile.max_concurrent == 8 and profile.args == [] and profile.env == {}
 
 
+def test_an_ilink_hub_profile_with_every_profile_key_is_accepted() -> None:
+    raw = {"script": "bot.py", "stdin": "message", "timeout_secs": 600, "max_reply_chars": 4000,
+           "truncation_suffix": "\n\n…(truncated)", "include_stderr_in_reply": True, "streaming": False,
+           "cli_session_first_line_prefix": "AGENT_SESSION:", "description": "Replies from bot.py",
+           "env": {"A": "1"}, "args": [], "cwd": "."}  # fmt: skip
+    profile = parse_profile("profiles.bot", raw)
+    assert (profile.description, profile.max_reply_chars, profile.timeout_secs) == ("Replies from bot.py", 4000, 600)
+    assert _error({"script": "a.py", "max_reply_chars": 0}).startswith("profiles.bot.max_reply_chars: ")
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

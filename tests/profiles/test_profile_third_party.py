@@ -232,4 +232,5 @@ async def test_an_ilink_profile_file_loads_and_runs_unchanged(tmp_path: Path, mo
 def test_ilink_profile_keys_are_the_ilink_names() -> None:
     fields = set(ProfileConfig.model_fields)
     assert {"script", "command", "args", "cwd", "env", "timeout_secs", "streaming", "stdin", "send_error_reply",
-            "include_stderr_in_reply", "cli_session_first_line_prefix", "label", "type", "max_concurrent"} == fields
+            "include_stderr_in_reply", "cli_session_first_line_prefix", "label", "type", "max_concurrent",
+            "description", "max_reply_chars", "truncation_suffix"} == fields
