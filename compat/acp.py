@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 
 from bridge.rpc.redact import redact, register_env_secrets
-from compat._acp_connection import AUTH_REQUIRED, AcpConnection
+from compat._acp_connection import AcpConnection
 from compat._acp_mapping import IGNORED_UPDATE_KINDS, UNMAPPED_UPDATE_KINDS
 from compat._acp_session import KILL_GRACE, AcpSession
 from compat._process import SpawnError, child_env, cut_tail
@@ -33,7 +33,6 @@ from compat.jsonrpc_peer import (
     PeerError,
     RequestHandler,
     RequestTimeout,
-    ResponseError,
 )
 from compat.presets import find_command
 from compat.settings import Limits, ProviderConfig, Timeouts
@@ -177,10 +176,6 @@ class AcpAdapter:
                 self._probes.add(conn)
             await conn.attach(tg)
             info = await conn.initialize()
-            if info.get("authMethods"):
-                needs_auth = await self._needs_auth(conn)
-                if needs_auth is not None:
-                    return needs_auth
         except SpawnError as exc:
             return ProbeResult("error", redact(str(exc)))
         except RequestTimeout as exc:
@@ -196,30 +191,6 @@ class AcpAdapter:
                 await conn.close(KILL_GRACE)
                 self._probes.discard(conn)
         return ProbeResult("ok", _agent_label(info))
-
-    async def _needs_auth(self, conn: AcpConnection) -> ProbeResult | None:
-        """``auth_required`` when ``session/new`` says so (with the configured ``authMethod``,
-        if any, tried first), else None.
-
-        An agent that lists ways to authenticate may refuse every session until one is used
-        (codex-acp and gemini without credentials). ``initialize`` succeeds either way, so
-        without asking for a session the probe said ``ok`` and the first turn failed. The check
-        is bounded by ``initializeTimeout``; an agent that takes longer, or fails for another
-        reason, keeps ``ok`` (its turns report the real cause). The probe's process is ended
-        right after, taking the session with it.
-        """
-        with anyio.move_on_after(self.timeouts.initialize_timeout):
-            try:
-                await conn.new_session(self.config.cwd or os.getcwd(), self.config.auth_method)
-            except ResponseError as exc:
-                if exc.code == AUTH_REQUIRED:
-                    methods = [m.get("id", "?") if isinstance(m, dict) else str(m)
-                               for m in conn.initialize_result.get("authMethods") or []]  # fmt: skip
-                    return ProbeResult("auth_required", "authentication required; authMethods: " + ", ".join(methods))
-                logger.debug("probe session/new of %s failed: %s", self.info.provider_id, redact(str(exc)))
-            except RequestTimeout:
-                pass
-        return None
 
 
 def _agent_label(info: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     grandchild       starts `sleep 600` in its group, and with grandchild-setsid one that
                      escaped the group (both inherit our stdout); prompts behave like slow
     auth             session/new fails -32000 until `authenticate {methodId: "fake-key"}`
-    hangsession      session/new is never answered
     models           session/new returns legacy `models`; accepts session/set_model
     configoptions    session/new returns configOptions (mode + model); accepts set_config_option
     loadsession      advertises loadSession; sessions live in --state so a new process can
@@ -199,8 +198,6 @@ class FakeAgent:
         self.result(msg_id, {})
 
     def on_session_new(self, msg_id: object, params: dict) -> None:
-        if "hangsession" in self.modes:  # never answers session/new
-            return
         if "auth" in self.modes and not self.authed:
             self.error(msg_id, -32000, "Authentication required")
             return
