@@ -29,13 +29,25 @@ def _cut(text: str, limit: int = SNIPPET_CHARS) -> str:
 
 def _close_code_span(text: str) -> str:
     """A snippet cut inside a `code span` gets the backtick it lost, so the rest of the answer
-    does not render as code: after the leading ``…`` when the cut was at the start, else at the
-    end (before a trailing ``…``)."""
+    does not render as code. Only a snippet cut at one end can be mended (after a leading ``…``
+    or before a trailing one); cut at both ends, which side lost it is unknown, so its backticks
+    go; uncut, the text is the source's own."""
     if text.count("`") % 2 == 0:
         return text
-    if text.startswith("…"):
+    head, tail = text.startswith("…"), text.endswith("…")
+    if head and not tail:
         return "…`" + text[1:]
-    return text[:-1] + "`…" if text.endswith("…") else text + "`"
+    if tail and not head:
+        return text[:-1] + "`…"
+    return text.replace("`", "") if head and tail else text
+
+
+def _without_title(snippet: str, title: str) -> str:
+    """The snippet without a leading copy of the page title (a hit from the top of a page starts
+    with its heading, which the answer shows in bold already)."""
+    if title and snippet.startswith(title) and snippet[len(title):].strip():
+        return snippet[len(title):].lstrip(" :—-")
+    return snippet
 
 
 def top_citations(citations: list[dict[str, Any]], count: int = TOP_SNIPPETS) -> list[int]:
@@ -60,7 +72,8 @@ def evidence_only(citations: list[dict[str, Any]], answered: int, failed: int) -
         lines = [f"From {answered} knowledge source(s) (evidence only; no model was called):", ""]
         for n in top_citations(citations):
             c = citations[n - 1]
-            lines.append(f"{len(lines) - 1}. **{c['title']}**: {_cut(c['snippet'] or c['title'])} {anchor(n)}")
+            snippet = _without_title(c["snippet"] or "", c["title"]) or c["title"]
+            lines.append(f"{len(lines) - 1}. **{c['title']}**: {_cut(snippet)} {anchor(n)}")
         if len(citations) > TOP_SNIPPETS:
             lines += ["", f"{len(citations) - TOP_SNIPPETS} more citation(s) are in the result's artifact."]
         text = "\n".join(lines)

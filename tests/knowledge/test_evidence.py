@@ -67,8 +67,18 @@ def test_evidence_only_answers_take_each_sources_best_first() -> None:
 def test_a_snippet_cut_inside_a_code_span_gets_its_backtick_back() -> None:
     citations = [{"sourceId": "a", "title": "Start", "snippet": "…knowledge`, or on the command line with `chat`."},
                  {"sourceId": "b", "title": "End", "snippet": "set it in the file (`xworkmate-bridge.yaml…"},
-                 {"sourceId": "c", "title": "Whole", "snippet": "run `serve` first"}]  # fmt: skip
+                 {"sourceId": "c", "title": "Whole", "snippet": "don`t run `rm` here"}]  # fmt: skip
     answer = evidence_only(citations, answered=3, failed=0)
     assert "**Start**: …`knowledge`, or on the command line with `chat`. [1]" in answer
     assert "**End**: set it in the file (`xworkmate-bridge.yaml`… [2]" in answer
-    assert "**Whole**: run `serve` first [3]" in answer
+    assert "**Whole**: don`t run `rm` here [3]" in answer  # not cut: the source's own text
+    both = [{"sourceId": "d", "title": "Both", "snippet": "…Set `limits.maxSessions` then `serve --config /etc/x…"}]
+    assert "**Both**: …Set limits.maxSessions then serve --config /etc/x… [1]" in evidence_only(both, 1, 0)  # side unknown
+
+
+def test_an_answer_snippet_does_not_repeat_the_page_title_it_is_shown_under() -> None:
+    citations = [{"sourceId": "a", "title": "Auth tokens", "snippet": "Auth tokens Set a token with BRIDGE_AUTH_TOKEN."},
+                 {"sourceId": "b", "title": "Wombat", "snippet": "Wombat"}]  # fmt: skip
+    answer = evidence_only(citations, answered=2, failed=0)
+    assert "**Auth tokens**: Set a token with BRIDGE_AUTH_TOKEN. [1]" in answer
+    assert "**Wombat**: Wombat [2]" in answer  # nothing but the title: kept

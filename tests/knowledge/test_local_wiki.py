@@ -188,9 +188,20 @@ def test_a_page_replaced_after_the_scan_is_not_read(tmp_path: Path) -> None:
     index.close()
 
 
-async def test_a_snippet_from_the_top_of_a_page_does_not_repeat_its_headings(tmp_path: Path) -> None:
-    (tmp_path / "auth.md").write_text("# Auth tokens\n\n## Set a token\n\nSet a token with the tangerine variable.\n")
-    source = wiki_source(tmp_path)
-    [hit] = await source.search("tangerine", RoutedRetrieval())
-    assert hit["title"] == "Auth tokens" and hit["snippet"] == "Set a token with the tangerine variable."
-    await source.aclose()
+def test_a_folder_swapped_for_a_link_leading_out_after_the_scan_is_not_read(tmp_path: Path) -> None:
+    from compat.knowledge.sources._wiki_index import WikiIndex
+
+    root, outside = tmp_path / "wiki", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "key.md").write_text("# Key\n\nfine\n")
+    index = WikiIndex(root)
+    assert "sub/key.md" in index._scan()
+    # the outside file takes the scanned file's place in the swapped path, inode and all
+    os.rename(root / "sub" / "key.md", outside / "key.md")
+    (outside / "key.md").write_text("# Key\n\nTOP SECRET\n")
+    scanned = (outside / "key.md").stat()
+    (root / "sub").rmdir()
+    (root / "sub").symlink_to(outside, target_is_directory=True)
+    assert index._read("sub/key.md", scanned) is None
+    index.close()

@@ -77,12 +77,10 @@ def _first_paragraph(body: str) -> str:
 
 
 def plain(text: str) -> str:
-    """Markdown made readable on one line: wikilinks to their labels, heading lines dropped (a
-    hit shows its page title already; a snippet from the top of a page repeated it, and its
-    section headings ran into the text)."""
+    """Markdown made readable on one line: wikilinks to their labels, heading marks dropped."""
     text = re.sub(r"\[\[([^\]|]+)\|([^\]]+)\]\]", r"\2", text)
     text = re.sub(r"\[\[([^\]]+)\]\]", r"\1", text)
-    text = re.sub(r"(?m)^[ \t]*#{1,6}[ \t].*$", "", text)
+    text = re.sub(r"(?m)^#{1,6}\s+", "", text)
     return " ".join(text.split())
 
 
@@ -139,6 +137,15 @@ def _one_file_per_page(files: dict[str, os.stat_result]) -> dict[str, os.stat_re
             seen.add(page_id)
             kept[rel] = stat
     return kept
+
+
+def _opened_path(fd: int, path: Path) -> Path:
+    """The real path of an open file: what the kernel resolved (``/proc/self/fd``, Linux), else
+    the path resolved now (a narrower check where procfs is missing)."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return path.resolve()
 
 
 def _utf8(name: str) -> bool:
@@ -255,8 +262,9 @@ class WikiIndex:
         """The text of the file the scan saw, or None when it is gone or is another file now.
 
         The file is opened without blocking and must still be the scanned one (same device and
-        inode): a page swapped for a link leading out of the root, or for a FIFO, between the
-        scan and this read is not indexed; the next scan judges what is there then.
+        inode) and lie inside the root by the path the kernel opened: a page, or a folder on its
+        path, swapped for a link leading out of the root between the scan and this read is not
+        indexed, nor is a FIFO put in its place; the next scan judges what is there then.
         """
         try:
             fd = os.open(self.root / rel, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -265,6 +273,8 @@ class WikiIndex:
         with open(fd, "rb") as handle:
             opened = os.fstat(fd)
             if (opened.st_dev, opened.st_ino) != (scanned.st_dev, scanned.st_ino) or not S_ISREG(opened.st_mode):
+                return None
+            if not _opened_path(fd, self.root / rel).is_relative_to(self.root):
                 return None
             try:
                 data = handle.read(self.max_file_bytes + 1)
