@@ -206,9 +206,10 @@ def cited_sources(result: dict[str, Any]) -> list[str]:
     """``[n] title (sourceId: path)`` for each ``[n](#citation-n)`` anchor in the output, from the
     knowledge artifact's ``citations`` (docs/api.md "Knowledge sources"); a terminal cannot follow
     the anchors."""
-    used = sorted({int(n) for n in re.findall(r"\]\(#citation-(\d+)\)", str(result.get("output") or ""))})
-    citations = next((a.get("citations") for a in result.get("artifacts") or []
-                      if isinstance(a, dict) and isinstance(a.get("citations"), list)), [])  # fmt: skip
+    used = sorted({int(n) for n in re.findall(r"\]\(#citation-([0-9]{1,6})\)", str(result.get("output") or ""))})
+    artifacts = result.get("artifacts")
+    citations = next((a["citations"] for a in artifacts if isinstance(a, dict) and isinstance(a.get("citations"), list)),
+                     []) if isinstance(artifacts, list) else []  # fmt: skip
     lines = []
     for n in used:
         if 1 <= n <= len(citations) and isinstance(citations[n - 1], dict):
@@ -225,13 +226,13 @@ def turn_summary(result: dict[str, Any], seconds: float) -> str:
                f"provider={result.get('resolvedProviderId') or '-'} seconds={seconds:.2f}")  # fmt: skip
     if result.get("status") == "unavailable":
         summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
-    elif result.get("error"):
+    elif isinstance(result.get("error"), dict):
         error = result["error"]
         summary += f" {error.get('code')}: {error.get('message')}"
-        data = error.get("data") or {}
+        data = error.get("data") if isinstance(error.get("data"), dict) else {}
         if data.get("hint"):
             summary += f"\nhint: {data['hint']}"
-        if data.get("authMethods"):  # the ids the hint's providers.<id>.authMethod can name
+        if isinstance(data.get("authMethods"), list) and data["authMethods"]:  # ids for providers.<id>.authMethod
             summary += "\nauthMethods: " + ", ".join(str(m.get("id", m) if isinstance(m, dict) else m)
                                                      for m in data["authMethods"])  # fmt: skip
     return summary

@@ -101,3 +101,19 @@ def test_chat_lists_the_sources_its_citation_anchors_point_to():
                   {"title": "Providers", "sourceId": "wiki", "pageId": "providers"}]}]}  # fmt: skip
     assert cited_sources(result) == ["[1] Auth (bridge-docs: auth.md)", "[3] Providers (wiki: providers)"]
     assert cited_sources({"output": "no anchors", "artifacts": []}) == []
+
+
+@pytest.mark.parametrize("result", [
+    {"output": "see [1](#citation-" + "9" * 4400 + ")", "artifacts": [{"citations": []}]},
+    {"output": "see [1](#citation-1)", "artifacts": 5},
+    {"output": "see [1](#citation-1)", "artifacts": [{"citations": [5, None]}]},
+    {"output": 7, "artifacts": [{"citations": "x"}]},
+    {"status": "failed", "error": {"code": "X", "message": "m", "data": {"authMethods": 5, "hint": "h"}}},
+    {"status": "failed", "error": {"code": "X", "message": "m", "data": "not a mapping"}},
+    {"status": "failed", "error": "not a mapping"},
+])  # fmt: skip
+def test_chat_output_survives_malformed_results(result):
+    from bridge.cli import cited_sources, turn_summary
+
+    assert isinstance(cited_sources(result), list)
+    assert turn_summary(result, 0.5).startswith("[")
