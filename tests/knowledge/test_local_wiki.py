@@ -205,3 +205,9 @@ def test_a_folder_swapped_for_a_link_leading_out_after_the_scan_is_not_read(tmp_
     (root / "sub").symlink_to(outside, target_is_directory=True)
     assert index._read("sub/key.md", scanned) is None
     index.close()
+
+
+def test_a_page_without_title_or_heading_is_named_after_its_file() -> None:
+    from compat.knowledge.sources._wiki_index import parse_page
+
+    assert parse_page("notes/release-plan.md", "just text\n").title == "release-plan"
