@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 import psutil
 import pytest
 from websockets.asyncio.client import connect
