@@ -9,10 +9,10 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 
 from bridge.rpc.redact import redact
 from compat._acp_connection import AUTH_REQUIRED, AcpConnection
@@ -36,16 +36,15 @@ class TurnFailure(Exception):
         self.kill = kill
 
 
-@dataclass(eq=False)
-class TurnState:
+class TurnState(msgspec.Struct, eq=False):
     """What one running turn shares between its body, its supervisor and the agent's callbacks."""
 
     request: TurnRequest
     sink: TurnSink
     mapper: UpdateMapper
-    attention: anyio.Event = field(default_factory=anyio.Event)  # body done or cancel asked
-    body_done: anyio.Event = field(default_factory=anyio.Event)
-    permission_scopes: set[anyio.CancelScope] = field(default_factory=set)
+    attention: anyio.Event = msgspec.field(default_factory=anyio.Event)  # body done or cancel asked
+    body_done: anyio.Event = msgspec.field(default_factory=anyio.Event)
+    permission_scopes: set[anyio.CancelScope] = msgspec.field(default_factory=set)
     outcome: TurnOutcome | None = None
     stop_reason: str | None = None
     resolved_model: str | None = None

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from compat.base import ThoughtDelta, ToolCallEvent, TurnEvent, TurnRequest, UsageEvent
@@ -37,30 +37,26 @@ _USAGE_NAMES = {"input_tokens": "inputTokens", "output_tokens": "outputTokens",
 # ---- what a parser reports besides ordinary turn events -----------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Partial:
+class Partial(msgspec.Struct, frozen=True):
     """A streamed chunk of the reply (``AGENT_PARTIAL:``, a Claude ``text_delta``)."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class Body:
+class Body(msgspec.Struct, frozen=True):
     """One reply line (no newline), or Claude's final ``result`` text (``final=True``)."""
 
     text: str
     final: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class SessionReport:
+class SessionReport(msgspec.Struct, frozen=True):
     """The upstream session id to hand back next turn (last one wins)."""
 
     session_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ProfileFailed:
+class ProfileFailed(msgspec.Struct, frozen=True):
     """``AGENT_ERROR:`` or a Claude ``result`` with ``is_error``: the turn fails ``PROFILE_ERROR``."""
 
     message: str

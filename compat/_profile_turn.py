@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import math
 import signal
-from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
 import anyio
+import msgspec
 
 from bridge.rpc.redact import redact
 from compat._process import AgentProcess, LineTooLong, SpawnError, spawn
@@ -58,8 +58,7 @@ _PIPES_BOUND = 2.0  # seconds to wait for our readers once the group is ended
 End = Literal["exit", "timeout", "cancel", "limit", "line"]
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(msgspec.Struct, frozen=True):
     """How to start one turn's process."""
 
     argv: list[str]
@@ -273,8 +272,8 @@ class ProfileRun:
     def _with_session(self, outcome: TurnOutcome) -> TurnOutcome:
         parser = self._parser
         if isinstance(parser, ClaudeStreamParser):
-            outcome = replace(outcome, usage=parser.usage, resolved_model=parser.model)
-        return replace(outcome, upstream_session_id=self.session_id)
+            outcome = msgspec.structs.replace(outcome, usage=parser.usage, resolved_model=parser.model)
+        return msgspec.structs.replace(outcome, upstream_session_id=self.session_id)
 
 
 def reply_rest(streamed: str, body: str, final: str | None = None) -> str:

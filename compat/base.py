@@ -3,7 +3,7 @@
 An adapter (one per provider family: ACP agents, exec profiles, knowledge sources, the OpenClaw
 gateway) turns a provider into *provider sessions*. The orchestrator owns one provider session per
 bridge session and runs one turn at a time on it. A turn reports progress by calling its
-``TurnSink`` with the event dataclasses below; the orchestrator maps them to the contract's
+``TurnSink`` with the event structs below; the orchestrator maps them to the contract's
 ``session.update`` notifications (docs/api.md, "Update stream"), accumulates the output text,
 and enforces output limits. Adapters never build wire envelopes.
 
@@ -12,8 +12,9 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol
+
+import msgspec
 
 from compat.settings import Limits, ProviderConfig, Timeouts
 
@@ -24,22 +25,19 @@ ProbeStatus = Literal["ok", "not_found", "auth_required", "error"]
 # ---- events a turn emits (in order) -------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class TextDelta:
+class TextDelta(msgspec.Struct, frozen=True):
     """Agent text. The concatenated deltas of a turn are its ``output``."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class ThoughtDelta:
+class ThoughtDelta(msgspec.Struct, frozen=True):
     """Agent reasoning text (not part of ``output``)."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallEvent:
+class ToolCallEvent(msgspec.Struct, frozen=True):
     """A tool call's merged current state: ``toolCallId, title, kind, status, locations, content``.
 
     ``is_update`` is False for the first event of a tool call (``tool_call``) and True afterwards
@@ -50,21 +48,18 @@ class ToolCallEvent:
     is_update: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class PlanEvent:
+class PlanEvent(msgspec.Struct, frozen=True):
     entries: list[dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class UsageEvent:
+class UsageEvent(msgspec.Struct, frozen=True):
     """``{inputTokens?, outputTokens?, totalTokens?, thoughtTokens?, cachedReadTokens?,
     cachedWriteTokens?, contextUsed?, contextSize?, cost?: {amount, currency}}``."""
 
     usage: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class PermissionEvent:
+class PermissionEvent(msgspec.Struct, frozen=True):
     """The agent asks the client to choose; answered via ``TurnSink.ask_permission``'s future."""
 
     request_id: str
@@ -72,8 +67,7 @@ class PermissionEvent:
     options: list[dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class StatusEvent:
+class StatusEvent(msgspec.Struct, frozen=True):
     """Anything else worth showing: ``event`` is the raw kind (e.g. an unmapped ACP update kind)."""
 
     event: str
@@ -104,15 +98,13 @@ class TurnSink(Protocol):
 # ---- turn input and outcome ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Attachment:
+class Attachment(msgspec.Struct, frozen=True):
     name: str
     path: str  # absolute, resolved, inside a workspace root
     description: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRequest:
+class TurnRequest(msgspec.Struct, frozen=True):
     """One turn's input, already validated by the orchestrator."""
 
     session_id: str
@@ -123,11 +115,10 @@ class TurnRequest:
     model: str | None = None
     attachments: tuple[Attachment, ...] = ()
     principal: str = "local"  # the authenticated token's name
-    extra: dict[str, Any] = field(default_factory=dict)  # provider-family params (later issues)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-family params (later issues)
 
 
-@dataclass(frozen=True, slots=True)
-class TurnError:
+class TurnError(msgspec.Struct, frozen=True):
     """A turn failure. ``code`` comes from the one table in docs/api.md (``AGENT_EXITED`` …)."""
 
     code: str
@@ -135,8 +126,7 @@ class TurnError:
     data: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TurnOutcome:
+class TurnOutcome(msgspec.Struct, frozen=True):
     status: TurnStatus
     stop_reason: str | None = None
     error: TurnError | None = None
@@ -145,14 +135,13 @@ class TurnOutcome:
     resolved_model: str | None = None
     context_reset: bool = False
     output_override: str | None = None  # for providers whose final answer differs from deltas
-    extra: dict[str, Any] = field(default_factory=dict)  # merged into the result (artifacts, …)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)  # merged into the result (artifacts, …)
 
 
 # ---- the adapter Protocol -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
+class ProbeResult(msgspec.Struct, frozen=True):
     status: ProbeStatus
     detail: str = ""
 
@@ -161,8 +150,7 @@ class ProbeResult:
         return self.status == "ok"
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderInfo:
+class ProviderInfo(msgspec.Struct, frozen=True):
     provider_id: str
     label: str
     category: str  # "acp" | "profile" | "knowledge" | …

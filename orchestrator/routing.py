@@ -10,9 +10,10 @@ match "want"); CJK keywords match as substrings.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
+
+import msgspec
 
 LOCAL_KEYWORDS = (
     "ppt", "pptx", "powerpoint", "word", "docx", "excel", "xlsx", "pdf", "image-resizer",
@@ -24,8 +25,7 @@ ONLINE_KEYWORDS = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class BuiltinSkill:
+class BuiltinSkill(msgspec.Struct, frozen=True):
     id: str
     label: str
     keywords: tuple[str, ...]
@@ -69,8 +69,7 @@ _ONLINE_RE = _keyword_re(tuple(ONLINE_KEYWORDS))
 _BUILTIN_RES = {skill.id: _keyword_re(skill.keywords) for skill in BUILTIN_SKILLS}
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingInput:
+class RoutingInput(msgspec.Struct, frozen=True):
     prompt: str = ""
     routing_mode: str = "auto"
     explicit_execution_target: str = ""
@@ -110,15 +109,14 @@ class RoutingInput:
         )
 
 
-@dataclass(slots=True)
-class Resolution:
+class Resolution(msgspec.Struct):
     """The twelve fields of ``xworkmate.routing.resolve`` (docs/api.md)."""
 
     resolved_execution_target: str = "single-agent"
     resolved_provider_id: str = ""
     resolved_gateway_provider_id: str = ""
     resolved_model: str = ""
-    resolved_skills: list[str] = field(default_factory=list)
+    resolved_skills: list[str] = msgspec.field(default_factory=list)
     unavailable_code: str = ""
     unavailable_message: str = ""
     skill_resolution_source: str = "none"

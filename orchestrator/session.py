@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import anyio
+import msgspec
 
 from bridge.rpc.codec import dumps, loads
 from bridge.rpc.errors import SessionBusy
@@ -76,32 +76,30 @@ class UpdateLog:
         return lambda: self._subscribers.remove(subscriber) if subscriber in self._subscribers else None
 
 
-@dataclass(eq=False, slots=True)
-class Ticket:
+class Ticket(msgspec.Struct, eq=False):
     """A turn's place in its session's queue."""
 
-    ready: anyio.Event = field(default_factory=anyio.Event)
+    ready: anyio.Event = msgspec.field(default_factory=anyio.Event)
     cancelled: bool = False
 
 
-@dataclass(eq=False)
-class Session:
+class Session(msgspec.Struct, eq=False):
     session_id: str
     owner: str
     thread_id: str
     max_queued: int = 16
-    created_at: float = field(default_factory=time.time)
+    created_at: float = msgspec.field(default_factory=time.time)
     provider_id: str | None = None
     provider_session: ProviderSession | None = None
     working_directory: str | None = None
-    history: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=50))
-    log: UpdateLog = field(default_factory=UpdateLog)
-    permissions: dict[str, Any] = field(default_factory=dict)  # requestId → PendingPermission
+    history: deque[tuple[str, str]] = msgspec.field(default_factory=lambda: deque(maxlen=50))
+    log: UpdateLog = msgspec.field(default_factory=UpdateLog)
+    permissions: dict[str, Any] = msgspec.field(default_factory=dict)  # requestId → PendingPermission
     current_turn: Any = None  # the running TurnRunner, if any
     _active: Ticket | None = None
-    _waiting: deque[Ticket] = field(default_factory=deque)
+    _waiting: deque[Ticket] = msgspec.field(default_factory=deque)
 
-    last_active: float = field(default_factory=time.monotonic)
+    last_active: float = msgspec.field(default_factory=time.monotonic)
 
     @property
     def busy(self) -> bool:

@@ -7,11 +7,11 @@ stuck client cannot stall an agent (field-failures #7).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable
 from uuid import uuid4
 
 import anyio
+import msgspec
 
 from compat.base import PermissionEvent, TextDelta, ThoughtDelta, TurnEvent
 from compat.settings import Limits, Timeouts
@@ -29,10 +29,9 @@ def cut_utf8(text: str, max_bytes: int) -> str:
     return encoded[:max_bytes].decode("utf-8", "ignore")
 
 
-@dataclass(eq=False, slots=True)
-class PendingPermission:
+class PendingPermission(msgspec.Struct, eq=False):
     option_ids: frozenset[str]
-    answered: anyio.Event = field(default_factory=anyio.Event)
+    answered: anyio.Event = msgspec.field(default_factory=anyio.Event)
     option_id: str | None = None
 
     def answer(self, option_id: str | None) -> None:

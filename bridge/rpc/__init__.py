@@ -1,4 +1,5 @@
 """The JSON-RPC core with no I/O: parse, encode, message types and the error table.
 
-Plain Python: no ``await``, no Starlette, no pydantic. Must not import the rest of the project.
+No ``await``, no Starlette, no pydantic (only orjson and msgspec). Must not import the rest of
+the project.
 """

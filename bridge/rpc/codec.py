@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from bridge.rpc.errors import InvalidRequest, ParseError, RpcError
@@ -33,11 +33,11 @@ class _Missing:
 MISSING: Any = _Missing()  # the id of a notification (no ``id`` member at all)
 
 
-# The per-message types are plain slotted dataclasses, not frozen ones: a frozen dataclass sets
-# each field through object.__setattr__, 0.3 us instead of 0.1 us per instance, and three are
-# built per request (bench case 1). Nothing mutates them after construction.
-@dataclass(slots=True)
-class Request:
+# The per-message types are msgspec structs rather than dataclasses: three are built per request
+# (bench case 1), and a struct's C __init__ takes 50 ns where a slotted dataclass takes 100 ns (a
+# frozen one 300 ns); the class itself is built in 0.01 ms instead of 0.35 ms (bench case 6).
+# Nothing mutates them after construction.
+class Request(msgspec.Struct):
     """A well-formed request or notification. ``params`` is the raw member (None when absent or
     null); the dispatcher checks its type after the method, so an unknown method is -32601."""
 
@@ -50,8 +50,7 @@ class Request:
         return self.id is MISSING
 
 
-@dataclass(slots=True)
-class Invalid:
+class Invalid(msgspec.Struct):
     """A message that cannot be dispatched; it is always answered with ``error``."""
 
     id: Any
@@ -61,8 +60,7 @@ class Invalid:
 Message = Request | Invalid
 
 
-@dataclass(slots=True)
-class Frame:
+class Frame(msgspec.Struct):
     messages: tuple[Message, ...]
     is_batch: bool
 
@@ -168,8 +166,7 @@ def encode_notification(method: str, params: Any, seq: int) -> bytes:
     ))  # fmt: skip
 
 
-@dataclass(slots=True)
-class Reply:
+class Reply(msgspec.Struct):
     """A response to send: exactly one of ``result`` / ``error`` is meaningful."""
 
     id: Any

@@ -12,9 +12,10 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
 
 GRAPH_NODES_PER_SOURCE = 120
 SNIPPET_CHARS = 600
@@ -125,16 +126,15 @@ def bundle_from(source_id: str, bundle: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(slots=True)
-class Evidence:
+class Evidence(msgspec.Struct):
     """Everything the turn learned from its sources, in selected-source order."""
 
-    citations: list[dict[str, Any]] = field(default_factory=list)
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    edges: list[dict[str, Any]] = field(default_factory=list)
-    bundles: list[dict[str, Any]] = field(default_factory=list)
-    sources: list[dict[str, Any]] = field(default_factory=list)  # prompt summaries of answering sources
-    failures: list[dict[str, Any]] = field(default_factory=list)  # prompt notes of failed sources
+    citations: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    nodes: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    edges: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    bundles: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    sources: list[dict[str, Any]] = msgspec.field(default_factory=list)  # prompt summaries of answering sources
+    failures: list[dict[str, Any]] = msgspec.field(default_factory=list)  # prompt notes of failed sources
 
     def add(self, source: Any, payload: dict[str, Any], bundle: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Merge one answering source (``source``: its descriptor); returns its new citations."""

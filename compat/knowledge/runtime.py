@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
+import msgspec
 
 from bridge.rpc.redact import register_secret
 from compat.knowledge.evidence import Evidence
@@ -54,8 +54,7 @@ class RuntimeFailure(Exception):
         super().__init__(reason)
 
 
-@dataclass(frozen=True, slots=True)
-class PromptContext:
+class PromptContext(msgspec.Struct, frozen=True):
     question: str
     session_id: str
     thread_id: str

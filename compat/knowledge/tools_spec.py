@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 _TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "boolean": (bool,), "object": (dict,),
                                        "array": (list,), "number": (int, float)}  # fmt: skip
@@ -22,14 +23,13 @@ def snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-@dataclass(frozen=True, slots=True)
-class Arg:
+class Arg(msgspec.Struct, frozen=True):
     name: str
     kind: str
     description: str = ""
     required: bool = False
     aliases: tuple[str, ...] = ()
-    schema: dict[str, Any] = field(default_factory=dict)
+    schema: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -51,8 +51,7 @@ class Arg:
         return {"type": self.kind, "description": self.description, **self.schema}
 
 
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
+class ToolSpec(msgspec.Struct, frozen=True):
     name: str
     description: str
     args: tuple[Arg, ...] = ()

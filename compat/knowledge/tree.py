@@ -11,8 +11,9 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from bridge.rpc.errors import InvalidParams
 
@@ -33,12 +34,11 @@ def normalize(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-@dataclass(slots=True)
-class Tree:
+class Tree(msgspec.Struct):
     """Folders and pages of one source (ids without the leading ``/``)."""
 
-    pages: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {id, title, summary}
-    folders: set[str] = field(default_factory=lambda: {""})
+    pages: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)  # id -> {id, title, summary}
+    folders: set[str] = msgspec.field(default_factory=lambda: {""})
 
     @classmethod
     def of(cls, pages: list[dict[str, Any]]) -> Tree:

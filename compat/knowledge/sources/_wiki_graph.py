@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import posixpath
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+import msgspec
 
 from compat.knowledge.sources._wiki_index import SUFFIXES, Page
 
 
-@dataclass(slots=True)
-class WikiGraph:
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # insertion order = output order
-    edges: list[dict[str, Any]] = field(default_factory=list)
+class WikiGraph(msgspec.Struct):
+    nodes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)  # insertion order = output order
+    edges: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     def add_node(self, node: dict[str, Any]) -> None:
         self.nodes.setdefault(node["id"], node)

@@ -20,12 +20,12 @@ import os
 import re
 import sqlite3
 import threading
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from stat import S_ISREG
 from typing import Any
 
 import frontmatter
+import msgspec
 
 SUFFIXES = (".md", ".markdown")
 SUMMARY_CHARS = 360
@@ -48,8 +48,7 @@ CREATE VIRTUAL TABLE pages_fts USING fts5(id UNINDEXED, title, body, tokenize='p
 # 2,000-page wiki took 1.4 s that way, almost all of it in those deletes).
 
 
-@dataclass(frozen=True, slots=True)
-class Page:
+class Page(msgspec.Struct, frozen=True):
     id: str
     path: str  # relative, POSIX, with extension
     title: str

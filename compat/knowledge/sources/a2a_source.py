@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 
 from compat.knowledge.errors import SourceError, SourceUnsupported
 from compat.knowledge.settings import SourceDescriptor
@@ -34,8 +34,7 @@ CARD_TTL_SECONDS = 30.0
 ARTIFACT = "llmwiki_context"
 
 
-@dataclass(frozen=True, slots=True)
-class CardInfo:
+class CardInfo(msgspec.Struct, frozen=True):
     raw: dict[str, Any]
     card: Any  # a2a.types.a2a_pb2.AgentCard
     legacy: bool

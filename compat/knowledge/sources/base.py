@@ -11,9 +11,9 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import msgspec
 
 from compat.knowledge.errors import SourceError
 from compat.knowledge.settings import SourceDescriptor
@@ -27,8 +27,7 @@ KNOWN_CAPABILITIES = frozenset({RETRIEVAL_V1, GUIDED_LEXICAL_V1} | {
 PAGE_LIST_LIMIT = 2000
 
 
-@dataclass(frozen=True, slots=True)
-class Capabilities:
+class Capabilities(msgspec.Struct, frozen=True):
     """What a source advertises. ``origin``: ``fresh`` (asked now), ``descriptor``, ``none``."""
 
     values: frozenset[str] = frozenset()
@@ -41,8 +40,7 @@ class Capabilities:
         return capability in self.values
 
 
-@dataclass(frozen=True, slots=True)
-class RoutedRetrieval:
+class RoutedRetrieval(msgspec.Struct, frozen=True):
     """The retrieval a source receives after gating. ``mode`` None = plain lexical request."""
 
     mode: str | None = None
@@ -51,7 +49,7 @@ class RoutedRetrieval:
     fields: tuple[str, ...] | None = None
     exclude_page_ids: tuple[str, ...] = ()
     query_variants: tuple[str, ...] = ()
-    fallback_diagnostic: dict[str, Any] | None = field(default=None, compare=False)
+    fallback_diagnostic: dict[str, Any] | None = None
 
     def llmwiki_body(self, query: str) -> dict[str, Any]:
         """The llmwiki-serve ``/query``/``/search`` body (snake_case, §1.7)."""
