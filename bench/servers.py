@@ -62,7 +62,8 @@ def _limits(extra: dict[str, Any]) -> dict[str, Any]:
     from compat.settings import Limits  # the runner's copy; BENCH_BRIDGE_ROOT copies derive from it
 
     limits = dict(extra.pop("limits", {}))
-    if "max_running_turns" in Limits.model_fields:
+    fields = getattr(Limits, "__struct_fields__", None) or getattr(Limits, "model_fields", ())  # msgspec or pydantic
+    if "max_running_turns" in fields:
         limits.setdefault("maxRunningTurns", RUNNING_TURNS)
     return limits
 

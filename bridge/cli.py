@@ -51,7 +51,7 @@ def build_app(config: BridgeConfig) -> Any:
     """The ASGI app with the orchestrator entered in its lifespan (one task enters and leaves it)."""
     from bridge.http_app import create_app
     from bridge.methods import build_dispatcher
-    from bridge.server import freeze_heap
+    from bridge.heap import freeze_heap
     from bridge.wiring import build_orchestrator
 
     orch = build_orchestrator(config)
@@ -82,7 +82,7 @@ STARTUP_SETTLE_TIMEOUT = 60.0
 async def _freeze_when_started(orch: Any, mcp: Any) -> None:
     """Freeze the heap again once what the bridge loads after it starts is in: the start-up
     probes, then (whenever its first request comes) the MCP surface."""
-    from bridge.server import freeze_heap
+    from bridge.heap import freeze_heap
 
     with anyio.move_on_after(STARTUP_SETTLE_TIMEOUT):
         await orch.probed.wait()
@@ -93,6 +93,9 @@ async def _freeze_when_started(orch: Any, mcp: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from bridge.heap import pause_gc_for_start
+
+    pause_gc_for_start()  # until the lifespan's freeze_heap
     from bridge.auth import check_exposure
     from bridge.server import run
 
@@ -109,6 +112,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_acp_stdio(args: argparse.Namespace) -> int:
+    from bridge.heap import freeze_heap, pause_gc_for_start
+
+    pause_gc_for_start()  # until freeze_heap, once the orchestrator has started
     from bridge.stdio import serve_stdio
 
     config = load_config(args.config)
@@ -116,6 +122,7 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with running_orchestrator(config) as (_, dispatcher):
+            freeze_heap(collect=False)
             await serve_stdio(dispatcher, limits=config.limits)
 
     anyio.run(main)

@@ -12,15 +12,14 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
 
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.profile_settings import ProfileConfig, ProfileConfigError, parse_profiles
-from compat.settings import Limits, ProviderConfig, Timeouts
+from compat.settings import FieldInvalid, Limits, ProviderConfig, Seconds, Settings, SettingsError, Timeouts, convert
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
 DEFAULT_FILE = "xworkmate-bridge.yaml"
@@ -31,57 +30,45 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the file and the bad key."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+class NamedToken(Settings, frozen=True):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    token: Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class NamedToken(_Model):
-    name: str = Field(min_length=1)
-    token: str = Field(min_length=1)
-
-
-class BridgeConfig(_Model):
-    """The whole validated configuration (see docs/api.md for every key)."""
+class BridgeConfig(Settings, frozen=True):
+    """The whole validated configuration (see docs/api.md for every key); build it with
+    :func:`load_config` (or :func:`compat.settings.convert` for data already in memory)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(8787, ge=0, le=65535)
-    auth_tokens: list[NamedToken] = Field(default_factory=list)
-    allowed_origins: list[str] = Field(default_factory=lambda: list(DEFAULT_ORIGINS))
-    workspace_roots: list[str] = Field(default_factory=list)
-    providers: dict[str, ProviderConfig] | None = None  # None: every preset found on PATH
-    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)  # exec profiles (iLink layout)
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8787
+    auth_tokens: list[NamedToken | str] = []  # a bare token is named token-1, token-2, … (__post_init__)
+    allowed_origins: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_ORIGINS))
+    workspace_roots: list[str] = []
+    providers: dict[str, ProviderConfig | None] | None = None  # None: every preset found on PATH
+    profiles: dict[str, ProfileConfig] = {}  # exec profiles (iLink layout)
     gateway: dict[str, Any] | None = None
-    knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
+    knowledge: KnowledgeSettings = msgspec.field(default_factory=KnowledgeSettings)
     knowledge_sources: list[SourceDescriptor] | None = None  # None: the embedded documentation
-    timeouts: Timeouts = Field(default_factory=Timeouts)
-    limits: Limits = Field(default_factory=Limits)
-    ws_ping_interval: float = Field(20.0, gt=0)
-    ws_ping_timeout: float = Field(20.0, gt=0)
-    sse_keepalive: float = Field(15.0, gt=0)
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    ws_ping_interval: Seconds = 20.0
+    ws_ping_timeout: Seconds = 20.0
+    sse_keepalive: Seconds = 15.0
     log_level: str = "info"
     allow_insecure_no_auth: bool = False
-    _profile_dir: Path = PrivateAttr(default_factory=Path.cwd)  # relative script paths start here
+    profile_dir: str = msgspec.field(default_factory=os.getcwd, name="-")
+    """Where relative profile paths start: the config file's folder. Set by :func:`load_config`
+    (which overwrites a ``-`` key of the file), not a configuration key."""
 
-    @property
-    def profile_dir(self) -> Path:
-        return self._profile_dir
-
-    @field_validator("auth_tokens", mode="before")
-    @classmethod
-    def _name_tokens(cls, value: Any) -> Any:
-        if not isinstance(value, list):
-            return value
-        named = []
-        for index, item in enumerate(value, start=1):
-            named.append({"name": f"token-{index}", "token": item} if isinstance(item, str) else item)
-        return named
-
-    @field_validator("providers", mode="before")
-    @classmethod
-    def _empty_entries(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: ({} if v is None else v) for k, v in value.items()}
-        return value
+    def __post_init__(self) -> None:
+        named = [NamedToken(name=f"token-{i}", token=t) if isinstance(t, str) else t
+                 for i, t in enumerate(self.auth_tokens, start=1)]  # fmt: skip
+        if any(not t.token for t in named):
+            raise FieldInvalid("authTokens", "a token must not be empty")
+        msgspec.structs.force_setattr(self, "auth_tokens", named)
+        if self.providers is not None:  # `codex:` with nothing under it is the preset as it is
+            providers = {k: ProviderConfig() if v is None else v for k, v in self.providers.items()}
+            msgspec.structs.force_setattr(self, "providers", providers)
 
     def roots(self) -> list[Path]:
         """Workspace roots as resolved paths (default: the home and the system temp directory)."""
@@ -148,15 +135,6 @@ def _read_file(path: Path) -> dict[str, Any]:
     return _expand(raw, "")
 
 
-def _describe(exc: ValidationError, source: str) -> str:
-    lines = []
-    for err in exc.errors(include_url=False, include_input=False):
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        lines.append(f"{source}: {key}: {msg}")
-    return "\n".join(lines)
-
-
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> BridgeConfig:
     """Load, merge and validate the configuration.
 
@@ -166,7 +144,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
 
     Raises:
         ConfigError: unreadable file, bad YAML, missing ``${VAR}``, or a key that fails validation
-            (the message names each bad key).
+            (the message names the first bad key; every missing ``${VAR}``).
     """
     file = find_config_file(path)
     data = _read_file(file) if file else {}
@@ -184,12 +162,12 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     source = str(file) if file else "configuration"
     base = file.resolve().parent if file else Path.cwd()
     _split_profiles(data, base, source)
+    data["-"] = str(base)
     try:
-        config = BridgeConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from exc
-    config._profile_dir = base
-    return config
+        return convert(data, BridgeConfig)
+    except SettingsError as exc:
+        lines = (f"{source}: {p.loc or '(top level)'}: {p.msg}" for p in exc.problems)
+        raise ConfigError("\n".join(lines)) from exc
 
 
 def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:

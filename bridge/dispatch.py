@@ -12,17 +12,19 @@ This module is the one place where an exception becomes a wire error.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
-from pydantic import ValidationError
 
 from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, parse_frame
 from bridge.rpc.errors import InternalError, InvalidParams, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,7 @@ def _discard(method: str, params: Any) -> None:
     """Notifications on a plain HTTP response have nowhere to go (docs/api.md, POST /acp/rpc)."""
 
 
-@dataclass(slots=True)  # not frozen: one is built per HTTP request, and frozen init costs 3x
-class CallContext:
+class CallContext(msgspec.Struct):  # one per HTTP request: see bridge.rpc.codec on structs
     """Who called, and where this request's notifications go.
 
     Attributes:
@@ -78,7 +79,8 @@ class Dispatcher:
 
     Args:
         handlers: ``{method: async handler(params, ctx) -> result}``. A handler raises an
-            ``RpcError`` for a request that cannot run, or pydantic's ``ValidationError`` (→ -32602).
+            ``RpcError`` for a request that cannot run (``InvalidParams`` for params that fail
+            validation: :func:`validation_error`); any other exception is -32603.
     """
 
     def __init__(self, handlers: Mapping[str, Handler], immediate: Mapping[str, ImmediateHandler] | None = None) -> None:
@@ -113,8 +115,6 @@ class Dispatcher:
     def _failed(self, request: Request, exc: Exception) -> Reply | None:
         if isinstance(exc, RpcError):
             reply = Reply.from_error(request.id, exc)
-        elif isinstance(exc, ValidationError):
-            reply = Reply.from_error(request.id, validation_error(exc))
         else:  # one place: unexpected failures become -32603 without their text
             log.error("method %s failed", request.method, exc_info=exc)
             reply = Reply.from_error(request.id, InternalError())

@@ -1,21 +1,27 @@
 """The method table: JSON-RPC method names → orchestrator operations (docs/api.md "Methods").
 
 Params are validated here with the orchestrator's pydantic models; a validation error becomes
--32602 in the dispatcher.
+-32602. The models, and pydantic, are imported when a request first needs them rather than at
+start: they were ~60 ms of the bridge's cold start (bench case 6; see compat.settings).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from bridge.dispatch import CallContext, Dispatcher, Handler
+from bridge.dispatch import CallContext, Dispatcher, Handler, validation_error
 from bridge.rpc.errors import NotFound
-from compat.knowledge.settings import ReadParams, SourcesParams
-from orchestrator.models import GatewayParams, PermissionParams, ResolveParams, SessionRef, TurnParams
 from orchestrator.service import Orchestrator
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 METHODS = (
     "acp.capabilities",
@@ -31,6 +37,32 @@ METHODS = (
     "knowledge.sources",
     "knowledge.read",
 )
+
+
+@functools.cache
+def _models() -> ModuleType:
+    """orchestrator.models, on first use."""
+    from orchestrator import models
+
+    return models
+
+
+@functools.cache
+def _knowledge_models() -> ModuleType:
+    """compat.knowledge.params, on first use."""
+    from compat.knowledge import params
+
+    return params
+
+
+def _validated(model: type[M], params: dict[str, Any]) -> M:
+    """``model.model_validate(params)``; a failure is -32602 with ``data.errors``."""
+    from pydantic import ValidationError  # already imported with the model
+
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
 
 
 def _gateway_missing() -> dict[str, Any]:
@@ -51,41 +83,41 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
         return encoded[1]
 
     def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.resolve(ResolveParams.model_validate(params))
+        return orch.resolve(_validated(_models().ResolveParams, params))
 
     async def start(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.run_turn(TurnParams.model_validate(params), ctx.principal, ctx.notify, start=True)
+        return await orch.run_turn(_validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=True)
 
     async def message(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.run_turn(TurnParams.model_validate(params), ctx.principal, ctx.notify, start=False)
+        return await orch.run_turn(_validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=False)
 
     def cancel(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.cancel(SessionRef.model_validate(params).session_id, ctx.principal)
+        return orch.cancel(_validated(_models().SessionRef, params).session_id, ctx.principal)
 
     async def close(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.close(SessionRef.model_validate(params).session_id, ctx.principal)
+        return await orch.close(_validated(_models().SessionRef, params).session_id, ctx.principal)
 
     def permission(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.permission(PermissionParams.model_validate(params), ctx.principal)
+        return orch.permission(_validated(_models().PermissionParams, params), ctx.principal)
 
     def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
-        GatewayParams.model_validate(params)
+        _validated(_models().GatewayParams, params)
         return {"ok": False, "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
                 "error": _gateway_missing()}  # fmt: skip
 
     def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
-        GatewayParams.model_validate(params)
+        _validated(_models().GatewayParams, params)
         return {"ok": False, "payload": None, "error": _gateway_missing()}
 
     def gateway_disconnect(params: dict[str, Any], ctx: CallContext) -> Any:
-        GatewayParams.model_validate(params)
+        _validated(_models().GatewayParams, params)
         return {"accepted": True}
 
     async def knowledge_sources(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await _knowledge().list_sources(SourcesParams.model_validate(params).probe)
+        return await _knowledge().list_sources(_validated(_knowledge_models().SourcesParams, params).probe)
 
     async def knowledge_read(params: dict[str, Any], ctx: CallContext) -> Any:
-        read = ReadParams.model_validate(params)
+        read = _validated(_knowledge_models().ReadParams, params)
         return await _knowledge().read(read.source_id, read.path)
 
     def _knowledge() -> Any:

@@ -10,7 +10,6 @@ Imports ``bridge.*`` and uvicorn only.
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib.util
 import logging
 import signal
@@ -66,23 +65,6 @@ def uvicorn_config(config: BridgeConfig, app: ASGIApp) -> uvicorn.Config:
         log_config=None,  # bridge.logs owns logging: stderr only, every line redacted
         access_log=False,
     )
-
-
-def freeze_heap(*, collect: bool) -> None:
-    """Move every object alive now out of the garbage collector's reach (``gc.freeze``).
-
-    What the bridge builds at start (modules, pydantic schemas, the orchestrator) lives until
-    exit, yet each full collection walked all of it again: with 100 connections in flight,
-    objects outlive the young generations and full collections ran ~5 times a second at ~65 ms
-    each (bench case 2, 100 connections: gc callbacks measured 0.65 s of 2.3 s in generation 2,
-    p99 66 ms; after freezing 0.4 ms per full collection, p99 9 ms, throughput +40%). This is
-    the use the CPython docs give for ``gc.freeze``. ``collect`` first drops start-up garbage,
-    which would otherwise be kept for good; it costs a pause of ~20 ms, so the first call
-    (on the cold-start path) skips it.
-    """
-    if collect:
-        gc.collect()
-    gc.freeze()
 
 
 class BridgeServer(uvicorn.Server):

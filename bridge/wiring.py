@@ -27,17 +27,15 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
 
     With no ``providers`` key: every ACP preset, plus the embedded ``knowledge`` provider.
     """
-    from compat.presets import PRESETS
+    from compat.presets import PRESETS, with_preset
 
     if config.providers is None:
         entries = {**PRESETS, "knowledge": ProviderConfig(type="knowledge", label="Knowledge")}
         return entries, set(entries)
     entries: dict[str, ProviderConfig] = {}
     for provider_id, entry in config.providers.items():
-        preset = PRESETS.get(provider_id)
-        if preset is not None:
-            explicit = entry.model_dump(exclude_unset=True)
-            entry = preset.model_copy(update=explicit)
+        if provider_id in PRESETS:
+            entry = with_preset(provider_id, entry)
         elif entry.type == "acp" and not entry.command:
             raise ConfigError(f"providers.{provider_id}.command: required for a provider that is not a preset")
         entries[provider_id] = entry

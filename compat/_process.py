@@ -37,15 +37,18 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.rpc.redact import redact, register_env_secrets
 from compat._child import PidfdProcess, pidfd_works
+
+if TYPE_CHECKING:  # psutil is imported with the first child, not at start (~6 ms, bench case 6)
+    import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +211,8 @@ class AgentProcess:
         self.stderr_bytes = 0
         """How many stderr bytes the pump has read so far."""
         self._stderr_eof = anyio.Event()
+        import psutil
+
         try:  # psutil ties the pid to its start time, so a reused pid is never mistaken for it
             self._leader: psutil.Process | None = psutil.Process(self.pid)
         except psutil.Error:
@@ -332,6 +337,8 @@ class AgentProcess:
                 await anyio.to_thread.run_sync(self._scan, max_age)
 
     def _scan(self, max_age: float) -> None:
+        import psutil
+
         with self._scan_lock:
             known: dict[int, psutil.Process] = {}
             if self.returncode is None and self._leader is not None:
@@ -409,6 +416,8 @@ class AgentProcess:
                 await self._process.stdin.aclose()
 
     def _signal(self, sig: int) -> None:
+        import psutil
+
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
         for proc in list(self._known.values()):
@@ -443,6 +452,8 @@ def _ppids() -> list[tuple[int, int]]:
     """(pid, ppid) of every process. On Linux one small read per ``/proc/<pid>/stat``: psutil's
     ``process_iter`` builds a Process object per entry and costs about 8x more (bench case 4)."""
     if not os.path.isdir("/proc/self/task"):
+        import psutil
+
         return [(p.pid, p.info["ppid"]) for p in psutil.process_iter(["ppid"])]
     out = []
     for name in os.listdir("/proc"):
@@ -491,6 +502,8 @@ def _descendant_pids(pid: int, max_age: float) -> list[int]:
 
 def _running(proc: psutil.Process) -> bool:
     """Still running as the process we saw (same start time), and not a zombie."""
+    import psutil
+
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -16,6 +16,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+import msgspec
+
 from compat.settings import ProviderConfig
 
 PRESETS: Mapping[str, ProviderConfig] = {
@@ -26,21 +28,18 @@ PRESETS: Mapping[str, ProviderConfig] = {
     "claude": ProviderConfig(command="claude-agent-acp", args=[], label="Claude"),
 }
 
+PRESET_KEYS = ("command", "args", "label", "model_flag")
+"""The keys a preset fills in a ``providers.<id>`` entry of the same id that leaves them out."""
+
 
 def with_preset(provider_id: str, config: ProviderConfig) -> ProviderConfig:
     """Fill ``command``, ``args``, ``label`` and ``modelFlag`` from the preset of the same id
-    when the operator left them out; other ids are returned unchanged."""
+    where the operator left them out; other ids are returned unchanged."""
     preset = PRESETS.get(provider_id)
     if preset is None:
         return config
-    filled = {
-        name: getattr(preset, name)
-        for name in ("command", "args", "label", "model_flag")
-        if getattr(config, name) is None
-    }
-    if config.command is not None and "args" in filled:
-        del filled["args"]  # a custom command does not take the preset's arguments
-    return config.model_copy(update=filled)
+    filled = {name: getattr(preset, name) for name in PRESET_KEYS if getattr(config, name) is None}
+    return msgspec.structs.replace(config, **filled)
 
 
 def agents_dir() -> Path:

@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import msgspec
 
 from compat.presets import _version_key, agents_dir, find_command
+from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsError, convert
 
 TSX_VERSION = "4.23.15"  # keep in step with scripts/install-profile-tools.sh
 CLAUDE_CLI = "node_modules/@anthropic-ai/claude-agent-sdk/cli.js"
@@ -37,77 +38,66 @@ class ProfileConfigError(ValueError):
     """A profile cannot be used; the message names the profile and the key."""
 
 
-class ProfileConfig(BaseModel):
-    """One exec profile. ``${VAR}`` in ``script``, ``command``, ``args``, ``cwd`` and ``env`` values
-    is replaced from the bridge's environment when the profile is validated."""
+class ProfileConfig(Settings, frozen=True, rename=None):
+    """One exec profile (snake_case keys, as in iLink; ``maxConcurrent`` is also accepted).
+    ``${VAR}`` in ``script``, ``command``, ``args``, ``cwd`` and ``env`` values is replaced from
+    the bridge's environment when the profile is built.
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    Raises (from the constructor, or as a :class:`~compat.settings.SettingsError` problem from
+    :func:`parse_profile`):
+        FieldInvalid: an empty ``script``/``command``/``cwd``/``label``, a bad ``env`` name or a
+            missing variable, neither ``script`` nor ``command``, or ``{{MESSAGE}}`` given to a
+            shell's ``-c``.
+    """
 
     type: Literal["exec", "claude-code"] = "exec"
     script: str | None = None
     command: str | None = None
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = []
     cwd: str | None = None  # default: the turn's workingDirectory
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout_secs: float = Field(300.0, gt=0)
+    env: dict[str, str] = {}
+    timeout_secs: Seconds = 300.0
     streaming: bool = True
     stdin: Literal["message", "none"] = "none"
     send_error_reply: bool = True
     include_stderr_in_reply: bool = False
     cli_session_first_line_prefix: str | None = None
     label: str | None = None
-    max_concurrent: int = Field(8, ge=1, validation_alias=AliasChoices("max_concurrent", "maxConcurrent"))
+    max_concurrent: Count = 8
     # iLink Hub profile keys that have nothing to act on here, accepted so that its profiles run
     # unchanged (exec-profiles-and-hermes.md §2): the Hub splits a reply into WeChat messages of
     # max_reply_chars, keeps truncation_suffix unused on that path, and lists description in its
     # MCP list_agents. A turn here has one output, bounded by limits.maxOutputBytes.
     description: str | None = None
-    max_reply_chars: int = Field(8000, ge=1)
+    max_reply_chars: Count = 8000
     truncation_suffix: str | None = None
 
-    @field_validator("type", mode="before")
-    @classmethod
-    def _profile_is_exec(cls, value: Any) -> Any:
-        return "exec" if value == "profile" else value  # providers.<id>: {type: profile}
-
-    @field_validator("stdin", mode="before")
-    @classmethod
-    def _null_stdin(cls, value: Any) -> Any:
-        return "none" if value is None else value
-
-    @field_validator("script", "command", "cwd", "cli_session_first_line_prefix", "label")
-    @classmethod
-    def _not_blank(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("must not be empty")
-        return value
-
-    @field_validator("script", "command", "cwd")
-    @classmethod
-    def _expand_str(cls, value: str | None) -> str | None:
-        return None if value is None else expand_vars(value)
-
-    @field_validator("args")
-    @classmethod
-    def _expand_args(cls, value: list[str]) -> list[str]:
-        return [expand_vars(arg) for arg in value]
-
-    @field_validator("env")
-    @classmethod
-    def _expand_env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+    def __post_init__(self) -> None:
+        for name in ("script", "command", "cwd", "cli_session_first_line_prefix", "label"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise FieldInvalid(name, "must not be empty")
+        for name in self.env:
             if not name or "=" in name or "\0" in name:
-                raise ValueError(f"invalid variable name {name!r}")
-        return {name: expand_vars(v) for name, v in value.items()}
-
-    @model_validator(mode="after")
-    def _launchable(self) -> ProfileConfig:
+                raise FieldInvalid("env", f"invalid variable name {name!r}")
+        # ${VAR} is replaced once, while the frozen struct is being built
+        for name in ("script", "command", "cwd"):
+            if (value := getattr(self, name)) is not None:
+                msgspec.structs.force_setattr(self, name, _expanded(name, value))
+        msgspec.structs.force_setattr(self, "args", [_expanded("args", arg) for arg in self.args])
+        msgspec.structs.force_setattr(self, "env", {k: _expanded("env", v) for k, v in self.env.items()})
         if self.type == "exec" and not (self.script or self.command):
             raise ValueError("one of script or command is required (or type: claude-code)")
         if _shell_with_message(self.command, self.args):
             raise ValueError("{{MESSAGE}} in args of a shell run with -c would let the message run as code; "
                              "read $AGENT_MESSAGE in the script instead")  # fmt: skip
-        return self
+
+
+def _expanded(field: str, value: str) -> str:
+    try:
+        return expand_vars(value)
+    except ValueError as exc:
+        raise FieldInvalid(field, str(exc)) from None
 
 
 def expand_vars(value: str) -> str:
@@ -140,17 +130,20 @@ def parse_profile(where: str, raw: Any) -> ProfileConfig:
     """Validate one profile; ``where`` is its config path (``profiles.bot``).
 
     Raises:
-        ProfileConfigError: Each bad key, as ``<where>.<key>: <message>``.
+        ProfileConfigError: The first bad key, as ``<where>.<key>: <message>``.
     """
+    if isinstance(raw, Mapping):
+        raw = dict(raw)
+        if "maxConcurrent" in raw and "max_concurrent" not in raw:
+            raw["max_concurrent"] = raw.pop("maxConcurrent")  # camelCase, like the bridge's own keys
+        if raw.get("type") == "profile":
+            raw["type"] = "exec"  # providers.<id>: {type: profile}
+        if "stdin" in raw and raw["stdin"] is None:
+            raw["stdin"] = "none"
     try:
-        return ProfileConfig.model_validate({} if raw is None else raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors(include_url=False, include_input=False):
-            key = ".".join(str(p) for p in err["loc"])
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}.{key}: {msg}" if key else f"{where}: {msg}")
-        raise ProfileConfigError("\n".join(lines)) from None
+        return convert({} if raw is None else raw, ProfileConfig, where)
+    except SettingsError as exc:
+        raise ProfileConfigError(str(exc)) from None
 
 
 def parse_profiles(
@@ -180,10 +173,12 @@ def parse_profiles(
         ProfileConfigError: An invalid profile, a missing runtime or script, or an id used twice
             (profiles and providers share one id space).
     """
-    found: dict[str, ProfileConfig] = {}
-    rest = None if providers is None else dict(providers)
     if profiles is not None and not isinstance(profiles, Mapping):
         raise ProfileConfigError("profiles: must be a mapping of profile ids to profiles")
+    if providers is not None and not isinstance(providers, Mapping):
+        raise ProfileConfigError("providers: must be a mapping of provider ids to entries")
+    found: dict[str, ProfileConfig] = {}
+    rest = None if providers is None else dict(providers)
     taken = set(reserved)
     for profile_id, raw in (profiles or {}).items():
         if rest is not None and profile_id in rest:

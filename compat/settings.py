@@ -1,68 +1,243 @@
-"""Configuration models shared by the adapters: provider entries, time bounds and size limits.
+"""Configuration models shared by the adapters: provider entries, time bounds and size limits,
+and the one way every configuration shape is validated.
 
 These are the validated shapes of the YAML keys in docs/api.md ("Configuration"). Keys are
 camelCase in YAML and on the wire, snake_case in Python. Unknown keys are errors, so a typo in an
 operator's file is reported by name instead of silently ignored.
+
+Configuration shapes are msgspec structs, not pydantic models: the bridge validates its
+configuration before it can answer anything, and pydantic's import and model building were
+~75 ms of a ~230 ms cold start (bench case 6; msgspec: ~5 ms). Method params, validated only when
+a request needs them, stay pydantic (orchestrator.models).
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+import types
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+import msgspec
 
 PermissionPolicy = Literal["allow", "deny", "ask"]
 MiB = 1024 * 1024
 
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+"""A time bound in seconds, > 0."""
+Count = Annotated[int, msgspec.Meta(gt=0)]
+"""A size in bytes or a count of items, > 0."""
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
+T = TypeVar("T")
 
 
-class Timeouts(_Model):
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    """Base of the configuration shapes: camelCase keys, unknown keys rejected, immutable.
+
+    Build one from raw (YAML-loaded) data with :func:`convert`; the constructor takes the Python
+    names and checks nothing but ``__post_init__``.
+    """
+
+
+class FieldInvalid(ValueError):
+    """Raised by a struct's ``__post_init__`` about one of its fields; reported at that field's
+    key (``profiles.bot.script: must not be empty``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """One validation failure: ``loc`` is the dotted key path (camelCase where the keys are),
+    ``type`` is ``unknown_key`` or ``invalid``."""
+
+    loc: str
+    msg: str
+    type: str = "invalid"
+
+    def line(self) -> str:
+        return f"{self.loc}: {self.msg}" if self.loc else self.msg
+
+
+class SettingsError(ValueError):
+    """Raw data does not fit a configuration shape. ``problems`` has the first failure (msgspec
+    stops at the first one); ``str()`` is one ``key: message`` line per problem."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(p.line() for p in problems))
+        self.problems = problems
+
+
+def convert(raw: Any, shape: type[T], where: str = "") -> T:
+    """Validate ``raw`` (YAML/JSON-loaded data) into ``shape``.
+
+    Lax like YAML users expect: ``"8787"`` is a valid port, an int a valid float. A key may also
+    be spelled with its Python name (``max_running_turns`` for ``maxRunningTurns``), as it could
+    when these shapes were pydantic models.
+
+    Args:
+        raw: The loaded data.
+        shape: A :class:`Settings` struct (or any type msgspec converts to).
+        where: The key path of ``raw`` in its file, prefixed to every problem's ``loc``.
+
+    Raises:
+        SettingsError: The first problem, located by key (``limits.maxOutputBytes: Expected `int`,
+            got `str```; ``providers.x.foo: unknown key``).
+    """
+    raw = _python_names(raw, shape)
+    try:
+        return msgspec.convert(raw, shape, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError([_problem(exc, raw, shape, where)]) from None
+
+
+def _python_names(raw: Any, shape: Any) -> Any:
+    """``raw`` with each key that is a struct field's Python name renamed to its wire name
+    (unless both are given, which msgspec then reports as an unknown key), at every depth."""
+    origin = get_origin(shape)
+    if origin is Annotated:
+        return _python_names(raw, get_args(shape)[0])
+    if origin in (Union, types.UnionType):
+        for arm in get_args(shape):
+            raw = _python_names(raw, arm)
+        return raw
+    if isinstance(raw, dict) and isinstance(shape, type) and issubclass(shape, msgspec.Struct):
+        fields = msgspec.structs.fields(shape)
+        out = dict(raw)
+        for f in fields:
+            if f.name != f.encode_name and f.name in out and f.encode_name not in out:
+                out[f.encode_name] = out.pop(f.name)
+        for f in fields:
+            if f.encode_name in out:
+                out[f.encode_name] = _python_names(out[f.encode_name], f.type)
+        return out
+    if isinstance(raw, list) and origin in (list, tuple) and get_args(shape):
+        return [_python_names(item, get_args(shape)[0]) for item in raw]
+    if isinstance(raw, dict) and origin is dict and len(get_args(shape)) == 2:
+        return {k: _python_names(v, get_args(shape)[1]) for k, v in raw.items()}
+    return raw
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>.*)`$", re.DOTALL)
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: str) -> Problem:
+    # msgspec's ValidationError is one string, "<message> - at `$.a[0].b`", with a dict's key
+    # shown as `[...]`; its format is stable across msgspec releases (pinned in pyproject, and
+    # tests/bridge/test_config.py checks the keys it yields).
+    match = _AT.match(str(exc))
+    assert match is not None  # the pattern matches any string
+    msg, path = match.group("msg"), match.group("path") or "$"
+    keys: list[str] = []
+    if path.startswith("$"):
+        steps = [m.group(1) or m.group(2) for m in _STEP.finditer(path)]
+        keys = _name_dict_keys(steps, raw, shape)
+    else:  # "`key` in `$.env`": a dict key of the wrong type
+        msg = f"{msg} (a key)"
+    cause = exc.__cause__
+    kind = "invalid"
+    if isinstance(cause, FieldInvalid):
+        keys.append(cause.field)
+        msg = cause.message
+    elif unknown := _UNKNOWN.match(msg):
+        keys.append(unknown.group("name"))
+        msg, kind = "unknown key", "unknown_key"
+    return Problem(".".join([where, *keys] if where else keys), msg, kind)
+
+
+def _name_dict_keys(steps: list[str], raw: Any, shape: type[Any]) -> list[str]:
+    """Replace each ``...`` step (an entry of a dict) with the key of the entry that fails:
+    msgspec checks entries in order and stops at the first failure, so the first entry that
+    fails on its own is the one it reported."""
+    keys: list[str] = []
+    for index, step in enumerate(steps):
+        if step != "...":
+            keys.append(step)
+            continue
+        entries = _at(raw, keys)
+        if not isinstance(entries, dict):
+            keys.append(step)
+            continue
+        for key, value in entries.items():
+            if _fails_alone(raw, keys, key, value, shape):
+                keys.append(str(key))
+                break
+        else:
+            keys.append(step)
+    return keys
+
+
+def _at(raw: Any, keys: list[str]) -> Any:
+    for key in keys:
+        if isinstance(raw, dict):
+            raw = raw.get(key)
+        elif isinstance(raw, list) and key.isdigit() and int(key) < len(raw):
+            raw = raw[int(key)]
+        else:
+            return None
+    return raw
+
+
+def _fails_alone(raw: Any, keys: list[str], key: Any, value: Any, shape: type[Any]) -> bool:
+    def narrowed(node: Any, depth: int) -> Any:
+        if depth == len(keys):
+            return {key: value}
+        step = keys[depth]
+        if isinstance(node, dict):
+            return {**node, step: narrowed(node[step], depth + 1)}
+        return [narrowed(item, depth + 1) if str(i) == step else item for i, item in enumerate(node)]
+
+    try:
+        msgspec.convert(narrowed(raw, 0), shape, strict=False)
+    except msgspec.ValidationError:
+        return True
+    return False
+
+
+class Timeouts(Settings, frozen=True):
     """Time bounds in seconds (contract: "Time bounds")."""
 
-    initialize_timeout: float = Field(30.0, gt=0)
-    session_new_timeout: float = Field(30.0, gt=0)
-    turn_timeout: float = Field(1800.0, gt=0)
-    cancel_grace: float = Field(5.0, gt=0)
-    idle_timeout: float = Field(600.0, gt=0)
-    permission_timeout: float = Field(60.0, gt=0)
-    probe_interval: float = Field(15.0, gt=0)
-    session_idle_timeout: float = Field(3600.0, gt=0)  # an idle session is forgotten after this
+    initialize_timeout: Seconds = 30.0
+    session_new_timeout: Seconds = 30.0
+    turn_timeout: Seconds = 1800.0
+    cancel_grace: Seconds = 5.0
+    idle_timeout: Seconds = 600.0
+    permission_timeout: Seconds = 60.0
+    probe_interval: Seconds = 15.0
+    session_idle_timeout: Seconds = 3600.0  # an idle session is forgotten after this
 
 
-class Limits(_Model):
+class Limits(Settings, frozen=True):
     """Size and count limits in bytes / items (contract: "Limits")."""
 
-    max_message_bytes: int = Field(4 * MiB, gt=0)
-    max_agent_line_bytes: int = Field(8 * MiB, gt=0)
-    max_output_bytes: int = Field(8 * MiB, gt=0)
-    max_update_bytes: int = Field(1 * MiB, gt=0)
-    stderr_tail_bytes: int = Field(64 * 1024, gt=0)
-    client_stderr_tail_bytes: int = Field(4 * 1024, gt=0)
-    max_queued_turns: int = Field(16, ge=0)
-    max_sessions: int = Field(1000, gt=0)
-    max_running_turns: int = Field(128, gt=0)  # turns running at once bridge-wide; more wait
-    max_connection_queue: int = Field(65536, gt=0)  # outbound envelopes buffered per connection
-    max_connection_queue_bytes: int = Field(16 * MiB, gt=0)  # and their bytes; then the client is dropped
-    done_message_bytes: int = Field(64 * 1024, gt=0)
-    tool_content_bytes: int = Field(64 * 1024, gt=0)
+    max_message_bytes: Count = 4 * MiB
+    max_agent_line_bytes: Count = 8 * MiB
+    max_output_bytes: Count = 8 * MiB
+    max_update_bytes: Count = 1 * MiB
+    stderr_tail_bytes: Count = 64 * 1024
+    client_stderr_tail_bytes: Count = 4 * 1024
+    max_queued_turns: Annotated[int, msgspec.Meta(ge=0)] = 16
+    max_sessions: Count = 1000
+    max_running_turns: Count = 128  # turns running at once bridge-wide; more wait
+    max_connection_queue: Count = 65536  # outbound envelopes buffered per connection
+    max_connection_queue_bytes: Count = 16 * MiB  # and their bytes; then the client is dropped
+    done_message_bytes: Count = 64 * 1024
+    tool_content_bytes: Count = 64 * 1024
 
 
-class ProviderConfig(_Model):
+class ProviderConfig(Settings, frozen=True):
     """One ``providers.<id>`` entry. Presets fill ``command``/``args``/``label`` when omitted."""
 
     type: Literal["acp", "knowledge"] = "acp"  # exec profiles are ProfileConfig (profile_settings)
     command: str | None = None
     args: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    env_passthrough: list[str] = Field(default_factory=list)
+    env: dict[str, str] = {}
+    env_passthrough: list[str] = []
     cwd: str | None = None
     label: str | None = None
     permission_policy: PermissionPolicy = "allow"

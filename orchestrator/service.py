@@ -11,21 +11,24 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
 from bridge.rpc.errors import InvalidParams, LimitReached, NotFound
 from bridge.rpc.redact import redact
 from compat.base import Attachment, TurnError, TurnOutcome, TurnRequest
 from compat.settings import Limits, Timeouts
-from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 from orchestrator.registry import ProviderRegistry
 from orchestrator.routing import Resolution, RoutingInput, resolve
 from orchestrator.session import Session, Ticket
 from orchestrator import updates
 from orchestrator.turn import TurnRunner
+
+if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
+    from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str, Any], None]
@@ -144,7 +147,7 @@ class Orchestrator:
                 "gatewayProviders": gateways, "availableExecutionTargets": targets,
             },
             "bridge": self.bridge_info, "methods": self.methods,
-            "limits": {**self.limits.model_dump(by_alias=True), **self.timeouts.model_dump(by_alias=True)},
+            "limits": {**msgspec.to_builtins(self.limits), **msgspec.to_builtins(self.timeouts)},
         }  # fmt: skip
 
     def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:

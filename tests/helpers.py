@@ -11,6 +11,8 @@ from typing import Any, AsyncContextManager, AsyncIterator, TypeVar
 import anyio
 import orjson
 
+import msgspec
+
 from bridge.config import BridgeConfig
 from bridge.server import BridgeServer, uvicorn_config
 
@@ -56,7 +58,7 @@ async def real_server(config: BridgeConfig, app: Any) -> AsyncIterator[int]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    server = BridgeServer(uvicorn_config(config.model_copy(update={"log_level": "warning"}), app))
+    server = BridgeServer(uvicorn_config(msgspec.structs.replace(config, log_level="warning"), app))
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: server.serve(sockets=[sock]))
         try:

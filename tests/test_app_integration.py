@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 
 from bridge.cli import build_app
 from bridge.config import BridgeConfig
+from compat.settings import convert
 
 FAKE_AGENT = Path(__file__).resolve().parent / "fakes" / "fake_acp_agent.py"
 pytestmark = pytest.mark.timeout(60)
@@ -34,7 +35,7 @@ def config_dict(tmp_path: Path, *modes: str, **provider: Any) -> dict[str, Any]:
 def make_app(tmp_path: Path, *modes: str, **extra: Any) -> Any:
     data = config_dict(tmp_path, *modes)
     data.update(extra)
-    return build_app(BridgeConfig.model_validate(data))
+    return build_app(convert(data, BridgeConfig))
 
 
 def start(session: str, prompt: str = "hello bridge", **params: Any) -> dict[str, Any]:
@@ -166,7 +167,7 @@ async def test_real_uvicorn_sse_via_the_cli_client(tmp_path):
     from bridge.client import call
     from tests.helpers import real_server
 
-    config = BridgeConfig.model_validate(config_dict(tmp_path))
+    config = convert(config_dict(tmp_path), BridgeConfig)
     async with real_server(config, build_app(config)) as port:
         notes: list[dict[str, Any]] = []
         reply = await call(f"http://127.0.0.1:{port}", "session.start",

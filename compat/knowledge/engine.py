@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
+import msgspec
 
 from compat.base import StatusEvent, TextDelta, TurnError, TurnOutcome, TurnSink
 from compat.knowledge import answers, diagnostics as diag
@@ -27,15 +27,17 @@ from compat.knowledge.errors import SourceError
 from compat.knowledge.evidence import Evidence, safe_path
 from compat.knowledge.retrieval import Route, excluded_ids, route
 from compat.knowledge.runtime import PromptContext, RuntimeFailure, build_request, complete
-from compat.knowledge.settings import KnowledgeSettings, RetrievalIntent
+from compat.knowledge.settings import KnowledgeSettings
 from compat.knowledge.sources.base import Capabilities, KnowledgeSource
+
+if TYPE_CHECKING:
+    from compat.knowledge.params import RetrievalIntent
 
 log = logging.getLogger(__name__)
 Discover = Callable[[KnowledgeSource], Awaitable[Capabilities]]
 
 
-@dataclass(slots=True)
-class TurnPlan:
+class TurnPlan(msgspec.Struct):
     """A validated turn: its mode, the selected sources in order, and their routes when gating
     already ran (``routes`` None: route during the turn). ``owned`` sources close after the turn."""
 
@@ -43,11 +45,10 @@ class TurnPlan:
     sources: list[KnowledgeSource]
     intent: RetrievalIntent | None = None
     routes: list[Route] | None = None
-    owned: list[KnowledgeSource] = field(default_factory=list)
+    owned: list[KnowledgeSource] = msgspec.field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class TurnInput:
+class TurnInput(msgspec.Struct, frozen=True):
     question: str
     session_id: str
     thread_id: str
@@ -55,8 +56,7 @@ class TurnInput:
     history: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(slots=True)
-class SourceResult:
+class SourceResult(msgspec.Struct):
     source: KnowledgeSource
     payload: dict[str, Any] | None = None
     caps: Capabilities | None = None

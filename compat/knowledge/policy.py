@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+import msgspec
 
 from bridge.rpc.errors import InvalidParams
 from compat.knowledge.errors import invalid_params
 from compat.knowledge.settings import RequestSourcesPolicy, SourceDescriptor
+from compat.settings import SettingsError, convert
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -68,7 +69,7 @@ def _check_root(desc: SourceDescriptor, field: str, roots: Sequence[Path]) -> So
     real = Path(os.path.expanduser(desc.root or "")).resolve()
     if not any(real == root or root in real.parents for root in roots) or not real.is_dir():
         raise _refuse("local-wiki root must be a folder inside the workspace roots", field, "SOURCE_ROOT_NOT_ALLOWED")
-    return desc.model_copy(update={"root": str(real)})
+    return msgspec.structs.replace(desc, root=str(real))
 
 
 def request_sources(raw: list[dict[str, Any]], policy: RequestSourcesPolicy,
@@ -88,9 +89,9 @@ def request_sources(raw: list[dict[str, Any]], policy: RequestSourcesPolicy,
     for index, item in enumerate(raw):
         field = f"knowledgeSources.{index}"
         try:
-            desc = SourceDescriptor.model_validate(item)
-        except ValidationError as exc:
-            raise invalid_params(exc, field) from exc
+            desc = convert(item, SourceDescriptor, field)
+        except SettingsError as exc:
+            raise invalid_params(exc) from exc
         if desc.id in seen:
             raise InvalidParams(f"duplicate knowledge source id {desc.id!r} at positions {seen[desc.id] + 1} and "
                                 f"{index + 1}", field=f"{field}.id", reason="DUPLICATE_SOURCE_ID")  # fmt: skip

@@ -11,20 +11,23 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+import msgspec
 
 from bridge.rpc.errors import InvalidParams
 from compat.knowledge.diagnostics import retrieval_fallback
 from compat.knowledge.errors import RetrievalModeUnsupported
-from compat.knowledge.settings import RetrievalIntent, SourceDescriptor
+from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.sources.base import GUIDED_LEXICAL_V1, MODE_PREFIX, RETRIEVAL_V1, Capabilities, RoutedRetrieval
+
+if TYPE_CHECKING:
+    from compat.knowledge.params import RetrievalIntent
 
 DEFAULT_LIMIT = 8
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
+class Route(msgspec.Struct, frozen=True):
     """One source's retrieval after gating; ``missing`` names the capability it lacked."""
 
     routed: RoutedRetrieval
@@ -80,7 +83,7 @@ def route(intent: RetrievalIntent | None, caps: Capabilities, source: SourceDesc
     if missing is None:
         if not search.query_variants or caps.has(GUIDED_LEXICAL_V1):
             return Route(full)
-        missing, status, routed = GUIDED_LEXICAL_V1, "missing_guided_lexical_v1", replace(full, query_variants=())
+        missing, status, routed = GUIDED_LEXICAL_V1, "missing_guided_lexical_v1", msgspec.structs.replace(full, query_variants=())
     else:
         routed = RoutedRetrieval(limit=search.limit or DEFAULT_LIMIT)
     if caps.origin == "none":

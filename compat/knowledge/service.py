@@ -15,21 +15,23 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Sequence, TypeVar
 
 import anyio
-from pydantic import ValidationError
 
 from bridge.rpc.errors import InvalidParams, RpcError
 from compat.base import TurnError, TurnOutcome, TurnSink
 from compat.knowledge import retrieval
 from compat.knowledge.engine import KnowledgeTurn, TurnInput, TurnPlan
-from compat.knowledge.errors import KnowledgeNotFound, SourceError, invalid_params
+from compat.knowledge.errors import KnowledgeNotFound, SourceError, validated
 from compat.knowledge.policy import request_sources
-from compat.knowledge.settings import KnowledgeSettings, KnowledgeTurnParams, SourceDescriptor, default_sources
+from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor, default_sources
 from compat.knowledge.sources import build_source
 from compat.knowledge.sources.base import Capabilities, KnowledgeSource, fallback_capabilities
 from compat.knowledge.tree import Tree, normalize
+
+if TYPE_CHECKING:
+    from compat.knowledge.params import KnowledgeTurnParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -135,10 +137,9 @@ class KnowledgeService:
             RetrievalModeUnsupported: -32602 ``RETRIEVAL_MODE_UNSUPPORTED`` (after capability
                 discovery, before any query).
         """
-        try:
-            params = KnowledgeTurnParams.model_validate(extra)
-        except ValidationError as exc:
-            raise invalid_params(exc) from exc
+        from compat.knowledge.params import KnowledgeTurnParams  # pydantic, not imported at start (compat.settings)
+
+        params = validated(KnowledgeTurnParams, extra)
         mode = self._mode(params)
         retrieval.check_intent(params.retrieval)
         if params.knowledge_sources is not None:

@@ -12,26 +12,26 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from pydantic import ValidationError
+import msgspec
 
 from bridge.rpc.errors import InvalidParams
 from compat.knowledge import retrieval
 from compat.knowledge.engine import TurnInput
-from compat.knowledge.errors import KnowledgeNotFound, invalid_params
+from compat.knowledge.errors import KnowledgeNotFound, validated
 from compat.knowledge.evidence import bundle_from, citations_from, graph_from
-from compat.knowledge.settings import RetrievalIntent
 from compat.knowledge.sources.base import KnowledgeSource, RoutedRetrieval
 from compat.knowledge.tools_spec import SPECS, ToolSpec
 from compat.knowledge.turn_sink import CollectingSink
 
+if TYPE_CHECKING:
+    from compat.knowledge.params import RetrievalIntent
+
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-@dataclass(frozen=True, slots=True)
-class ToolResult:
+class ToolResult(msgspec.Struct, frozen=True):
     text: str
     structured: dict[str, Any]
     is_error: bool = False
@@ -122,10 +122,9 @@ class KnowledgeTools:
 
     async def context(self, args: dict[str, Any]) -> dict[str, Any]:
         source = self._pick(args.get("sourceId"), "llmwiki_context")
-        try:
-            intent = RetrievalIntent.model_validate(args["retrieval"]) if args.get("retrieval") else None
-        except ValidationError as exc:
-            raise invalid_params(exc, "retrieval") from exc
+        from compat.knowledge.params import RetrievalIntent  # pydantic, not imported at start (compat.settings)
+
+        intent = validated(RetrievalIntent, args["retrieval"], "retrieval") if args.get("retrieval") else None
         chosen = await self._routed(source, intent)
         routed = chosen.routed
         if args.get("limit") and intent is None:
@@ -149,11 +148,10 @@ class KnowledgeTools:
         intent = None
         if args.get("mode") or args.get("queryVariants") or args.get("snippetChars") or args.get("excludePageIds"):
             search = {k: args[k] for k in ("limit", "snippetChars", "excludePageIds", "queryVariants") if k in args}
-            try:
-                intent = RetrievalIntent.model_validate({"schemaVersion": "llmwiki.retrieval.v1", "fallback": "none",
-                                                         "searchMode": args.get("mode") or "lexical", "search": search})
-            except ValidationError as exc:
-                raise invalid_params(exc) from exc
+            from compat.knowledge.params import RetrievalIntent  # see context()
+
+            intent = validated(RetrievalIntent, {"schemaVersion": "llmwiki.retrieval.v1", "fallback": "none",
+                                                 "searchMode": args.get("mode") or "lexical", "search": search})
         routed = (await self._routed(source, intent)).routed
         if intent is None:
             routed = RoutedRetrieval(limit=args.get("limit") or 8)

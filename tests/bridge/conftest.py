@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from bridge.config import BridgeConfig
+from compat.settings import convert
 from tests.helpers import real_server  # noqa: F401  (re-exported for the bridge tests)
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc.errors import InvalidParams
@@ -107,7 +108,7 @@ def dispatcher(handlers: Handlers) -> Dispatcher:
 
 def make_config(**values: Any) -> BridgeConfig:
     """A BridgeConfig from snake_case keys; ``limits`` may be a dict of overrides."""
-    return BridgeConfig.model_validate(values)
+    return convert(values, BridgeConfig)
 
 
 def request(method: str, params: Any = None, id_: Any = 1) -> dict[str, Any]:

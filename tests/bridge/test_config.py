@@ -92,3 +92,59 @@ def test_presets_merge_with_configured_entries(tmp_path):
 def test_a_custom_acp_provider_needs_a_command(tmp_path):
     with pytest.raises(ConfigError, match=r"providers\.mine\.command"):
         provider_configs(load_config(write(tmp_path, "providers:\n  mine: {label: Mine}\n")))
+
+
+@pytest.mark.parametrize("text,message", [
+    # a dict entry is named by its key, not by msgspec's `[...]`
+    ("providers:\n  mine: {command: a, env: {API_KEY: 5}}\n", "providers.mine.env.API_KEY: Expected `str`, got `int`"),
+    ("providers:\n  mine: {command: a, foo: 1}\n", "providers.mine.foo: unknown key"),
+    ("knowledgeSources: [{id: a, protocol: local-wiki}]\n", "knowledgeSources.0.root: a local-wiki source needs root"),
+    ("knowledge: {fanOut: 99}\n", "knowledge.fanOut: Expected `int` <= 32"),
+    ("authTokens: ['']\n", "authTokens: a token must not be empty"),
+    ("providers: [codex]\n", "providers: must be a mapping of provider ids to entries"),
+    ("limits: {maxRunningTurns: 4, max_running_turns: 5}\n", "limits.max_running_turns: unknown key"),
+])  # fmt: skip
+def test_an_error_names_the_exact_key(tmp_path, text, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert str(err.value) == f"{tmp_path / 'cfg.yaml'}: {message}"
+
+
+def test_keys_may_use_their_python_names_and_an_empty_preset_entry_is_the_preset(tmp_path):
+    config = load_config(write(tmp_path, "limits: {max_running_turns: 4}\nallow_insecure_no_auth: true\n"
+                                         "providers:\n  codex:\n"))  # fmt: skip
+    assert config.limits.max_running_turns == 4 and config.allow_insecure_no_auth is True
+    entries, _ = provider_configs(config)
+    assert entries["codex"].command == "codex-acp"
+
+
+def test_loading_the_configuration_and_building_the_app_leave_pydantic_for_later(tmp_path):
+    """Cold start (bench case 6): pydantic, psutil and sse-starlette load on first use, and the
+    collector is off until the heap is frozen; the first request needing params still validates."""
+    import subprocess
+    import sys
+
+    (tmp_path / "cfg.yaml").write_text("providers: {}\n")
+    script = f"""
+import gc, sys
+from bridge.heap import freeze_heap, pause_gc_for_start
+pause_gc_for_start()
+from bridge.cli import build_app
+from bridge.config import load_config
+build_app(load_config({str(tmp_path / 'cfg.yaml')!r}))
+early = sorted(m for m in ("pydantic", "psutil", "sse_starlette") if m in sys.modules)
+assert early == [], early
+assert not gc.isenabled()
+freeze_heap(collect=False)
+assert gc.isenabled()
+from bridge.rpc.errors import InvalidParams
+from bridge.methods import _models, _validated
+try:
+    _validated(_models().SessionRef, {{}})
+except InvalidParams as exc:
+    assert exc.to_error()["data"]["errors"][0]["loc"] == "sessionId", exc.to_error()
+else:
+    raise AssertionError("SessionRef accepted {{}}")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr

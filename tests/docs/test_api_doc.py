@@ -13,7 +13,9 @@ from bridge.config import BridgeConfig
 from bridge.methods import METHODS
 from bridge.rpc.codec import loads
 from bridge.rpc.errors import RPC_ERRORS, TURN_ERROR_CODES
-from compat.knowledge.settings import KnowledgeSettings, KnowledgeTurnParams, ReadParams, SourceDescriptor
+from compat.knowledge.params import KnowledgeTurnParams, ReadParams
+from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
+from compat.settings import convert
 from orchestrator import models
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
@@ -59,14 +61,14 @@ def test_config_example_is_a_valid_configuration(monkeypatch):
         monkeypatch.setenv(var, "x" * 8)
     from bridge.config import _expand
 
-    BridgeConfig.model_validate(_expand(yaml.safe_load(EXAMPLES["config"][1]), ""))
+    convert(_expand(yaml.safe_load(EXAMPLES["config"][1]), ""), BridgeConfig)
 
 
 def test_knowledge_config_example_is_valid():
     data = yaml.safe_load(EXAMPLES["knowledge-config"][1])
-    KnowledgeSettings.model_validate(data["knowledge"])
+    convert(data["knowledge"], KnowledgeSettings)
     for source in data["knowledgeSources"]:
-        SourceDescriptor.model_validate(source)
+        convert(source, SourceDescriptor)
 
 
 def test_profiles_config_example_loads(tmp_path, monkeypatch):

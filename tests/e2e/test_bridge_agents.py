@@ -20,6 +20,7 @@ from websockets.asyncio.client import connect
 
 from bridge.cli import build_app
 from bridge.config import BridgeConfig
+from compat.settings import convert
 from orchestrator.models import SessionUpdate, TurnResult
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
@@ -34,10 +35,10 @@ CHUNKS = ["Hello ", "from ", "mock"]
 def bridge_config(name: str, recipe: dict[str, Any], tmp_path: Path) -> BridgeConfig:
     provider = {"type": "acp", "command": recipe["command"], "args": recipe["args"], "env": recipe["env"],
                 "cwd": recipe.get("cwd"), "authMethod": recipe.get("auth_method")}
-    return BridgeConfig.model_validate({
+    return convert({
         "workspaceRoots": [str(tmp_path)], "providers": {name: provider},
         "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
-    })  # fmt: skip
+    }, BridgeConfig)  # fmt: skip
 
 
 @contextlib.asynccontextmanager

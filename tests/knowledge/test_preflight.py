@@ -115,6 +115,14 @@ async def test_a_disallowed_request_source_is_invalid_params(source: dict[str, A
     assert data["reason"] == reason and data["field"].startswith("knowledgeSources.0")
 
 
+async def test_a_malformed_request_source_is_invalid_params_naming_the_field() -> None:
+    data = await rejected({"knowledgeSources": [{"id": "a", "protocol": "llmwiki-http"}]}, request_sources=POLICY)
+    assert data["errors"] == [{"loc": "knowledgeSources.0.url", "type": "invalid", "msg": "a llmwiki-http source needs url"}]
+    data = await rejected({"knowledgeSources": [{"id": "a", "protocol": "mcp", "url": "http://x", "token": "t"}]},
+                          request_sources=POLICY)  # fmt: skip
+    assert data["errors"] == [{"loc": "knowledgeSources.0.token", "type": "unknown_key", "msg": "unknown key"}]
+
+
 async def test_duplicate_request_source_ids_are_invalid_params(tmp_path: Path) -> None:
     sources = [{"id": "a", "protocol": "llmwiki-http", "url": "http://127.0.0.1:9"},
                {"id": "a", "protocol": "llmwiki-http", "url": "http://127.0.0.1:10"}]

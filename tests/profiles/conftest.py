@@ -15,7 +15,7 @@ import pytest
 
 from compat.base import TextDelta, TurnOutcome, TurnRequest
 from compat.profile import ProfileAdapter, ProfileSession
-from compat.profile_settings import ProfileConfig
+from compat.profile_settings import parse_profile
 from compat.settings import Limits, Timeouts
 from tests.compat.conftest import RecordingSink, process_alive, wait_gone
 
@@ -68,7 +68,7 @@ class ProfileFactory:
 
     def __call__(self, *, limits: dict[str, Any] | None = None, timeouts: dict[str, Any] | None = None,
                  profile_dir: Path = SCRIPTS, provider_id: str = "prof", **fields: Any) -> ProfileAdapter:  # fmt: skip
-        profile = ProfileConfig.model_validate(fields)
+        profile = parse_profile(f"profiles.{provider_id}", fields)
         adapter = ProfileAdapter(provider_id, profile, Limits(**(limits or {})),
                                  Timeouts(**{**TEST_TIMEOUTS, **(timeouts or {})}), profile_dir=profile_dir)  # fmt: skip
         self.adapters.append(adapter)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 import psutil
 import pytest
 import yaml

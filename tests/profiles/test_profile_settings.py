@@ -71,8 +71,10 @@ def test_an_invalid_profile_is_reported_with_its_profile_and_key(raw: object, ex
 def test_variables_are_expanded_and_the_message_may_go_to_a_script_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROFILE_TEST_KEY", "k-123")
     profile = ProfileConfig(command="bash", args=["run.sh", "{{MESSAGE}}"], env={"KEY": "${PROFILE_TEST_KEY}"},
-                            maxConcurrent=2)  # fmt: skip
+                            max_concurrent=2)  # fmt: skip
     assert profile.env == {"KEY": "k-123"} and profile.max_concurrent == 2
+    raw = {"command": "bash", "args": ["${PROFILE_TEST_KEY}"], "maxConcurrent": 3}  # camelCase is accepted too
+    assert parse_profile("profiles.bot", raw).args == ["k-123"] and parse_profile("profiles.bot", raw).max_concurrent == 3
 
 
 def test_profiles_and_providers_share_one_id_space(tmp_path: Path) -> None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 
 from compat.profile import ProfileAdapter
-from compat.profile_settings import ProfileConfig, find_claude_cli, parse_profiles, tools_dir
+from compat.profile_settings import ProfileConfig, find_claude_cli, parse_profile, parse_profiles, tools_dir
 from compat.settings import Limits, Timeouts
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
@@ -75,7 +76,7 @@ async def test_the_agentproc_bundled_echo_agent_profile_runs_unchanged() -> None
     profile_dir = next(site.glob("python*/site-packages/agentproc/hub_data/echo-agent"))
     block = yaml.safe_load((profile_dir / "profile.yaml").read_text())["agentproc"]
     assert block["command"] == "python3 {{PROFILE_DIR}}/bridge.py"
-    adapter = ProfileAdapter("echo-agent", ProfileConfig.model_validate(block), Limits(), Timeouts(**TEST_TIMEOUTS),
+    adapter = ProfileAdapter("echo-agent", parse_profile("profiles.echo-agent", block), Limits(), Timeouts(**TEST_TIMEOUTS),
                              profile_dir=profile_dir)  # fmt: skip
     try:
         outcome, sink = await run_turn(adapter.open_session("s1"), "hi")
@@ -113,7 +114,7 @@ def _claude_profile(fake: FakeLLM, tmp_path: Path, **fields: object) -> tuple[Pr
     if not agents.installed("claude") or find_claude_cli() is None:
         pytest.fail("claude-agent-acp 0.23.1 is not installed: run `make agents`")
     recipe = agents.claude_recipe(fake.base_url, tmp_path)
-    profile = ProfileConfig.model_validate({"type": "claude-code", "env": recipe["env"], "timeout_secs": 90, **fields})
+    profile = parse_profile("profiles.claude-print", {"type": "claude-code", "env": recipe["env"], "timeout_secs": 90, **fields})
     adapter = ProfileAdapter("claude-print", profile, Limits(), Timeouts(**TEST_TIMEOUTS), profile_dir=tmp_path)
     return adapter, recipe
 
@@ -230,7 +231,7 @@ async def test_an_ilink_profile_file_loads_and_runs_unchanged(tmp_path: Path, mo
 
 
 def test_ilink_profile_keys_are_the_ilink_names() -> None:
-    fields = set(ProfileConfig.model_fields)
+    fields = {f.encode_name for f in msgspec.structs.fields(ProfileConfig)}  # the keys a file uses
     assert {"script", "command", "args", "cwd", "env", "timeout_secs", "streaming", "stdin", "send_error_reply",
             "include_stderr_in_reply", "cli_session_first_line_prefix", "label", "type", "max_concurrent",
             "description", "max_reply_chars", "truncation_suffix"} == fields
