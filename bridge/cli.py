@@ -49,9 +49,9 @@ async def running_orchestrator(config: BridgeConfig) -> AsyncIterator[Any]:
 
 def build_app(config: BridgeConfig) -> Any:
     """The ASGI app with the orchestrator entered in its lifespan (one task enters and leaves it)."""
+    from bridge.heap import freeze_heap, settle_heap
     from bridge.http_app import create_app
     from bridge.methods import build_dispatcher
-    from bridge.heap import freeze_heap
     from bridge.wiring import build_orchestrator
 
     orch = build_orchestrator(config)
@@ -66,30 +66,13 @@ def build_app(config: BridgeConfig) -> Any:
         async with orch, (mcp.lifespan() if mcp is not None else contextlib.nullcontext()):
             freeze_heap(collect=False)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_freeze_when_started, orch, mcp)
+                tg.start_soon(settle_heap, lambda: orch.idle)
                 try:
                     yield
                 finally:
                     tg.cancel_scope.cancel()
 
     return create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp)
-
-
-STARTUP_SETTLE_TIMEOUT = 60.0
-"""Seconds to wait for the start-up probes and the MCP surface before freezing the heap anyway."""
-
-
-async def _freeze_when_started(orch: Any, mcp: Any) -> None:
-    """Freeze the heap again once what the bridge loads after it starts is in: the start-up
-    probes, then (whenever its first request comes) the MCP surface."""
-    from bridge.heap import freeze_heap
-
-    with anyio.move_on_after(STARTUP_SETTLE_TIMEOUT):
-        await orch.probed.wait()
-    freeze_heap(collect=True)
-    if mcp is not None:
-        await mcp.wait_ready()
-        freeze_heap(collect=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -112,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_acp_stdio(args: argparse.Namespace) -> int:
-    from bridge.heap import freeze_heap, pause_gc_for_start
+    from bridge.heap import freeze_heap, pause_gc_for_start, settle_heap
 
     pause_gc_for_start()  # until freeze_heap, once the orchestrator has started
     from bridge.stdio import serve_stdio
@@ -121,9 +104,11 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
     _setup_logging(config.log_level)
 
     async def main() -> None:
-        async with running_orchestrator(config) as (_, dispatcher):
+        async with running_orchestrator(config) as (orch, dispatcher), anyio.create_task_group() as tg:
             freeze_heap(collect=False)
+            tg.start_soon(settle_heap, lambda: orch.idle)
             await serve_stdio(dispatcher, limits=config.limits)
+            tg.cancel_scope.cancel()
 
     anyio.run(main)
     return 0

@@ -211,13 +211,9 @@ class AgentProcess:
         self.stderr_bytes = 0
         """How many stderr bytes the pump has read so far."""
         self._stderr_eof = anyio.Event()
-        import psutil
-
-        try:  # psutil ties the pid to its start time, so a reused pid is never mistaken for it
-            self._leader: psutil.Process | None = psutil.Process(self.pid)
-        except psutil.Error:
-            self._leader = None  # already gone
-        self._known: dict[int, psutil.Process] = {}  # descendants seen, by pid
+        # The leader needs no psutil handle: until it is reaped (returncode set) its pid cannot be
+        # reused, and every scan checks returncode first.
+        self._known: dict[int, psutil.Process] = {}  # descendants seen, by pid (psutil ties each to its start time)
         self._scan_lock = threading.Lock()
         self._terminate_lock = anyio.Lock()
         self._terminated = False
@@ -327,7 +323,7 @@ class AgentProcess:
         nothing once the leader exited (its children were re-parented out of view). Owners call
         it at turn boundaries; :meth:`pump_stderr` calls it about once a second.
         """
-        if self.returncode is None and self._leader is not None:
+        if self.returncode is None:
             if _PROC_CHILDREN:
                 # A few reads of small procfs files: cheaper inline than a thread hop, and a
                 # worker thread looping in Python holds the GIL for up to 5 ms against the
@@ -341,7 +337,7 @@ class AgentProcess:
 
         with self._scan_lock:
             known: dict[int, psutil.Process] = {}
-            if self.returncode is None and self._leader is not None:
+            if self.returncode is None:
                 for pid in _descendant_pids(self.pid, max_age):
                     with suppress(psutil.Error):
                         proc = self._known.get(pid) or psutil.Process(pid)

@@ -81,6 +81,11 @@ class Orchestrator:
         self.probed: anyio.Event | None = None
         """Set once the probes started with the orchestrator have finished (``__aenter__``)."""
 
+    @property
+    def idle(self) -> bool:
+        """No turn is running."""
+        return self._running.value == self.limits.max_running_turns
+
     async def __aenter__(self) -> Orchestrator:
         if self.knowledge is not None:
             await self.knowledge.__aenter__()

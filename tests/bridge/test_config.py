@@ -117,34 +117,3 @@ def test_keys_may_use_their_python_names_and_an_empty_preset_entry_is_the_preset
     entries, _ = provider_configs(config)
     assert entries["codex"].command == "codex-acp"
 
-
-def test_loading_the_configuration_and_building_the_app_leave_pydantic_for_later(tmp_path):
-    """Cold start (bench case 6): pydantic, psutil and sse-starlette load on first use, and the
-    collector is off until the heap is frozen; the first request needing params still validates."""
-    import subprocess
-    import sys
-
-    (tmp_path / "cfg.yaml").write_text("providers: {}\n")
-    script = f"""
-import gc, sys
-from bridge.heap import freeze_heap, pause_gc_for_start
-pause_gc_for_start()
-from bridge.cli import build_app
-from bridge.config import load_config
-build_app(load_config({str(tmp_path / 'cfg.yaml')!r}))
-early = sorted(m for m in ("pydantic", "psutil", "sse_starlette") if m in sys.modules)
-assert early == [], early
-assert not gc.isenabled()
-freeze_heap(collect=False)
-assert gc.isenabled()
-from bridge.rpc.errors import InvalidParams
-from bridge.methods import _models, _validated
-try:
-    _validated(_models().SessionRef, {{}})
-except InvalidParams as exc:
-    assert exc.to_error()["data"]["errors"][0]["loc"] == "sessionId", exc.to_error()
-else:
-    raise AssertionError("SessionRef accepted {{}}")
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    assert done.returncode == 0, done.stderr
