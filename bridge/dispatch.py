@@ -12,7 +12,7 @@ This module is the one place where an exception becomes a wire error.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import anyio
 import msgspec
@@ -22,9 +22,6 @@ from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, parse_fram
 from bridge.rpc.errors import InternalError, InvalidParams, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
-
-if TYPE_CHECKING:
-    from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -63,24 +60,13 @@ ImmediateHandler = Callable[[dict[str, Any], CallContext], Any]
 reader, in arrival order, with no task of its own."""
 
 
-def validation_error(exc: ValidationError) -> InvalidParams:
-    """A pydantic error as -32602 with the failing field locations and error types."""
-    errors = [
-        {"loc": ".".join(str(p) for p in e["loc"]), "type": e["type"], "msg": e["msg"]}
-        for e in exc.errors(include_url=False, include_input=False)
-    ]
-    first = errors[0] if errors else {"loc": "", "msg": "invalid"}
-    where = f"{first['loc']}: " if first["loc"] else ""
-    return InvalidParams(f"Invalid params: {where}{first['msg']}", errors=errors)
-
-
 class Dispatcher:
     """Maps method names to handlers and runs frames.
 
     Args:
         handlers: ``{method: async handler(params, ctx) -> result}``. A handler raises an
             ``RpcError`` for a request that cannot run (``InvalidParams`` for params that fail
-            validation: :func:`validation_error`); any other exception is -32603.
+            validation: compat.params); any other exception is -32603.
     """
 
     def __init__(self, handlers: Mapping[str, Handler], immediate: Mapping[str, ImmediateHandler] | None = None) -> None:

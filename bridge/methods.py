@@ -10,18 +10,15 @@ from __future__ import annotations
 import functools
 import inspect
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import orjson
 
-from bridge.dispatch import CallContext, Dispatcher, Handler, validation_error
+from bridge.dispatch import CallContext, Dispatcher, Handler
 from bridge.rpc.errors import NotFound
+from compat.params import validated
 from orchestrator.service import Orchestrator
 
-if TYPE_CHECKING:
-    from pydantic import BaseModel
-
-M = TypeVar("M", bound="BaseModel")
 
 METHODS = (
     "acp.capabilities",
@@ -55,16 +52,6 @@ def _knowledge_models() -> ModuleType:
     return params
 
 
-def _validated(model: type[M], params: dict[str, Any]) -> M:
-    """``model.model_validate(params)``; a failure is -32602 with ``data.errors``."""
-    from pydantic import ValidationError  # already imported with the model
-
-    try:
-        return model.model_validate(params)
-    except ValidationError as exc:
-        raise validation_error(exc) from exc
-
-
 def _gateway_missing() -> dict[str, Any]:
     return {"code": "GATEWAY_NOT_CONFIGURED", "message": "no OpenClaw gateway is configured on this bridge"}
 
@@ -83,41 +70,41 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
         return encoded[1]
 
     def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.resolve(_validated(_models().ResolveParams, params))
+        return orch.resolve(validated(_models().ResolveParams, params))
 
     async def start(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.run_turn(_validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=True)
+        return await orch.run_turn(validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=True)
 
     async def message(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.run_turn(_validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=False)
+        return await orch.run_turn(validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=False)
 
     def cancel(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.cancel(_validated(_models().SessionRef, params).session_id, ctx.principal)
+        return orch.cancel(validated(_models().SessionRef, params).session_id, ctx.principal)
 
     async def close(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.close(_validated(_models().SessionRef, params).session_id, ctx.principal)
+        return await orch.close(validated(_models().SessionRef, params).session_id, ctx.principal)
 
     def permission(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.permission(_validated(_models().PermissionParams, params), ctx.principal)
+        return orch.permission(validated(_models().PermissionParams, params), ctx.principal)
 
     def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
-        _validated(_models().GatewayParams, params)
+        validated(_models().GatewayParams, params)
         return {"ok": False, "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
                 "error": _gateway_missing()}  # fmt: skip
 
     def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
-        _validated(_models().GatewayParams, params)
+        validated(_models().GatewayParams, params)
         return {"ok": False, "payload": None, "error": _gateway_missing()}
 
     def gateway_disconnect(params: dict[str, Any], ctx: CallContext) -> Any:
-        _validated(_models().GatewayParams, params)
+        validated(_models().GatewayParams, params)
         return {"accepted": True}
 
     async def knowledge_sources(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await _knowledge().list_sources(_validated(_knowledge_models().SourcesParams, params).probe)
+        return await _knowledge().list_sources(validated(_knowledge_models().SourcesParams, params).probe)
 
     async def knowledge_read(params: dict[str, Any], ctx: CallContext) -> Any:
-        read = _validated(_knowledge_models().ReadParams, params)
+        read = validated(_knowledge_models().ReadParams, params)
         return await _knowledge().read(read.source_id, read.path)
 
     def _knowledge() -> Any:

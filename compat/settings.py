@@ -136,7 +136,7 @@ def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: st
     keys: list[str] = []
     if path.startswith("$"):
         steps = [m.group(1) or m.group(2) for m in _STEP.finditer(path)]
-        keys = _name_dict_keys(steps, raw, shape)
+        keys = _name_dict_keys(steps, raw, shape, str(exc))
     else:  # "`key` in `$.env`": a dict key of the wrong type
         msg = f"{msg} (a key)"
     cause = exc.__cause__
@@ -150,25 +150,17 @@ def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: st
     return Problem(".".join([where, *keys] if where else keys), msg, kind)
 
 
-def _name_dict_keys(steps: list[str], raw: Any, shape: type[Any]) -> list[str]:
+def _name_dict_keys(steps: list[str], raw: Any, shape: type[Any], error: str) -> list[str]:
     """Replace each ``...`` step (an entry of a dict) with the key of the entry that fails:
-    msgspec checks entries in order and stops at the first failure, so the first entry that
-    fails on its own is the one it reported."""
+    msgspec checks entries in order and stops at the first failure, so the first entry that,
+    left alone in its dict, still fails with the same ``error`` is the one it reported."""
     keys: list[str] = []
-    for index, step in enumerate(steps):
-        if step != "...":
-            keys.append(step)
-            continue
-        entries = _at(raw, keys)
-        if not isinstance(entries, dict):
-            keys.append(step)
-            continue
-        for key, value in entries.items():
-            if _fails_alone(raw, keys, key, value, shape):
-                keys.append(str(key))
-                break
-        else:
-            keys.append(step)
+    for step in steps:
+        entries = _at(raw, keys) if step == "..." else None
+        culprit = None
+        if isinstance(entries, dict):
+            culprit = next((k for k, v in entries.items() if _fails_alone(raw, keys, k, v, shape, error)), None)
+        keys.append(step if culprit is None else str(culprit))
     return keys
 
 
@@ -183,7 +175,7 @@ def _at(raw: Any, keys: list[str]) -> Any:
     return raw
 
 
-def _fails_alone(raw: Any, keys: list[str], key: Any, value: Any, shape: type[Any]) -> bool:
+def _fails_alone(raw: Any, keys: list[str], key: Any, value: Any, shape: type[Any], error: str) -> bool:
     def narrowed(node: Any, depth: int) -> Any:
         if depth == len(keys):
             return {key: value}
@@ -194,8 +186,8 @@ def _fails_alone(raw: Any, keys: list[str], key: Any, value: Any, shape: type[An
 
     try:
         msgspec.convert(narrowed(raw, 0), shape, strict=False)
-    except msgspec.ValidationError:
-        return True
+    except msgspec.ValidationError as exc:
+        return str(exc) == error  # not a later problem elsewhere in the file
     return False
 
 

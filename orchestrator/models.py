@@ -2,7 +2,7 @@
 
 Params a method does not know are ignored (the app sends many: ``mode``, ``provider``,
 ``selectedSkills``, ``metadata``, …); ``params: null`` means absent. A validation failure becomes
--32602 with the field locations (bridge.dispatch.validation_error).
+-32602 with the field locations (compat.params.invalid_params).
 
 Every model here defers building its validator to first use (``defer_build``): building them all
 at import was ~7 ms of the bridge's cold start (bench case 6), and most are docs models.

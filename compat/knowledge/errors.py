@@ -9,15 +9,9 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from bridge.rpc.errors import InvalidParams, NotFound
-from compat.settings import SettingsError
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel, ValidationError
-
-M = TypeVar("M", bound="BaseModel")
 
 # Turn error codes this family produces (KNOWLEDGE_SOURCES_FAILED, RUNTIME_FAILED) live in the one
 # table, bridge.rpc.errors.TURN_ERROR_CODES.
@@ -32,33 +26,6 @@ class RetrievalModeUnsupported(InvalidParams):
 
 class KnowledgeNotFound(NotFound):
     """-32004 for an unknown source or tree path (``data.nearestParent`` when a path)."""
-
-
-def validated(model: type[M], data: Any, prefix: str = "") -> M:
-    """``model.model_validate(data)`` for a params model of compat.knowledge.params.
-
-    Raises:
-        InvalidParams: -32602 with ``data.errors`` (see :func:`invalid_params`).
-    """
-    from pydantic import ValidationError  # imported with the params models, not at start (compat.settings)
-
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_params(exc, prefix) from exc
-
-
-def invalid_params(exc: ValidationError | SettingsError, prefix: str = "") -> InvalidParams:
-    """A pydantic or settings error as -32602 with ``data.errors`` (field locations and types)."""
-    errors = []
-    if isinstance(exc, SettingsError):  # already located under ``prefix`` by compat.settings.convert
-        errors = [{"loc": p.loc, "type": p.type, "msg": p.msg} for p in exc.problems]
-    else:
-        for err in exc.errors(include_url=False, include_input=False):
-            loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
-            errors.append({"loc": loc, "type": err["type"], "msg": err["msg"]})
-    first = errors[0] if errors else {"loc": prefix, "msg": "invalid"}
-    return InvalidParams(f"Invalid params: {first['loc']}: {first['msg']}", errors=errors)
 
 
 class SourceError(Exception):

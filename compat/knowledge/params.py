@@ -25,6 +25,7 @@ class _Params(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
                               defer_build=True)
 
+
 class SearchOptions(_Params):
     limit: int | None = Field(None, ge=1, le=50)
     snippet_chars: int | None = Field(None, ge=1, le=20000)

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import msgspec
 
 from bridge.rpc.errors import InvalidParams
-from compat.knowledge.errors import invalid_params
 from compat.knowledge.settings import RequestSourcesPolicy, SourceDescriptor
 from compat.settings import SettingsError, convert
+from compat.params import invalid_params
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

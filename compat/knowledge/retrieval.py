@@ -83,7 +83,8 @@ def route(intent: RetrievalIntent | None, caps: Capabilities, source: SourceDesc
     if missing is None:
         if not search.query_variants or caps.has(GUIDED_LEXICAL_V1):
             return Route(full)
-        missing, status, routed = GUIDED_LEXICAL_V1, "missing_guided_lexical_v1", msgspec.structs.replace(full, query_variants=())
+        missing, status = GUIDED_LEXICAL_V1, "missing_guided_lexical_v1"
+        routed = msgspec.structs.replace(full, query_variants=())
     else:
         routed = RoutedRetrieval(limit=search.limit or DEFAULT_LIMIT)
     if caps.origin == "none":

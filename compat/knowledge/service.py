@@ -23,12 +23,13 @@ from bridge.rpc.errors import InvalidParams, RpcError
 from compat.base import TurnError, TurnOutcome, TurnSink
 from compat.knowledge import retrieval
 from compat.knowledge.engine import KnowledgeTurn, TurnInput, TurnPlan
-from compat.knowledge.errors import KnowledgeNotFound, SourceError, validated
+from compat.knowledge.errors import KnowledgeNotFound, SourceError
 from compat.knowledge.policy import request_sources
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor, default_sources
 from compat.knowledge.sources import build_source
 from compat.knowledge.sources.base import Capabilities, KnowledgeSource, fallback_capabilities
 from compat.knowledge.tree import Tree, normalize
+from compat.params import validated
 
 if TYPE_CHECKING:
     from compat.knowledge.params import KnowledgeTurnParams

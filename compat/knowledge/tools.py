@@ -19,11 +19,12 @@ import msgspec
 from bridge.rpc.errors import InvalidParams
 from compat.knowledge import retrieval
 from compat.knowledge.engine import TurnInput
-from compat.knowledge.errors import KnowledgeNotFound, validated
+from compat.knowledge.errors import KnowledgeNotFound
 from compat.knowledge.evidence import bundle_from, citations_from, graph_from
 from compat.knowledge.sources.base import KnowledgeSource, RoutedRetrieval
 from compat.knowledge.tools_spec import SPECS, ToolSpec
 from compat.knowledge.turn_sink import CollectingSink
+from compat.params import validated
 
 if TYPE_CHECKING:
     from compat.knowledge.params import RetrievalIntent

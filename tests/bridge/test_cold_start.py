@@ -26,9 +26,10 @@ assert not gc.isenabled()
 freeze_heap(collect=False)
 assert gc.isenabled()
 from bridge.rpc.errors import InvalidParams
-from bridge.methods import _models, _validated
+from bridge.methods import _models
+from compat.params import validated
 try:
-    _validated(_models().SessionRef, {{}})
+    validated(_models().SessionRef, {{}})
 except InvalidParams as exc:
     assert exc.to_error()["data"]["errors"][0]["loc"] == "sessionId", exc.to_error()
 else:

@@ -98,6 +98,8 @@ def test_a_custom_acp_provider_needs_a_command(tmp_path):
     # a dict entry is named by its key, not by msgspec's `[...]`
     ("providers:\n  mine: {command: a, env: {API_KEY: 5}}\n", "providers.mine.env.API_KEY: Expected `str`, got `int`"),
     ("providers:\n  mine: {command: a, foo: 1}\n", "providers.mine.foo: unknown key"),
+    ("providers:\n  ok: {command: a}\n  bad: {command: b, env: {K: 1}}\ntimeouts: {turnTimeout: -1}\n",
+     "providers.bad.env.K: Expected `str`, got `int`"),  # a later problem does not blame the first entry
     ("knowledgeSources: [{id: a, protocol: local-wiki}]\n", "knowledgeSources.0.root: a local-wiki source needs root"),
     ("knowledge: {fanOut: 99}\n", "knowledge.fanOut: Expected `int` <= 32"),
     ("authTokens: ['']\n", "authTokens: a token must not be empty"),
