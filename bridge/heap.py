@@ -22,8 +22,9 @@ psutil with the first agent: ~6 ms), imported ahead by :func:`settle_heap` in a 
 def pause_gc_for_start() -> None:
     """Stop the cyclic garbage collector until :func:`freeze_heap` (``gc.disable``).
 
-    Start-up allocates modules, classes and the orchestrator, all alive until exit, so the
-    collections it triggers find nothing to free: with them off, ``serve`` answers its first
+    Start-up allocates modules, classes and the orchestrator, nearly all alive until exit, so the
+    collections it triggers find little to free (:func:`settle_heap`'s first collection frees
+    what there is): with them off, ``serve`` answers its first
     request ~14 ms sooner (bench case 6: 172-182 ms against 159-165 ms, 3 runs each). Reference
     counting still frees everything else.
     """
@@ -33,7 +34,7 @@ def pause_gc_for_start() -> None:
 def freeze_heap(*, collect: bool) -> None:
     """Move every object alive now out of the garbage collector's reach (``gc.freeze``).
 
-    What the bridge builds at start (modules, pydantic schemas, the orchestrator) lives until
+    What the bridge builds at start (modules, classes, the orchestrator) lives until
     exit, yet each full collection walked all of it again: with 100 connections in flight,
     objects outlive the young generations and full collections ran ~5 times a second at ~65 ms
     each (bench case 2, 100 connections: gc callbacks measured 0.65 s of 2.3 s in generation 2,
