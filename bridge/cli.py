@@ -195,7 +195,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cited_sources(result: dict[str, Any]) -> list[str]:
-    """``[n] title (sourceId: path)`` for each ``[n](#citation-n)`` anchor in the output, from the
+    """``[n] title (sourceId: /pageId)`` for each ``[n](#citation-n)`` anchor in the output, from the
     knowledge artifact's ``citations`` (docs/api.md "Knowledge sources"); a terminal cannot follow
     the anchors."""
     used = sorted({int(n) for n in re.findall(r"\]\(#citation-([0-9]{1,6})\)", str(result.get("output") or ""))})
@@ -206,7 +206,8 @@ def cited_sources(result: dict[str, Any]) -> list[str]:
     for n in used:
         if 1 <= n <= len(citations) and isinstance(citations[n - 1], dict):
             c = citations[n - 1]
-            where = ": ".join(str(x) for x in (c.get("sourceId"), c.get("path") or c.get("pageId")) if x)
+            page = f"/{c['pageId']}" if c.get("pageId") else c.get("path")  # the path knowledge.read takes
+            where = ": ".join(str(x) for x in (c.get("sourceId"), page) if x)
             lines.append(f"[{n}] {c.get('title') or c.get('id') or '?'}" + (f" ({where})" if where else ""))
     return lines
 
@@ -244,6 +245,10 @@ def _explain(error: dict[str, Any]) -> None:
 
 
 def cmd_providers(args: argparse.Namespace) -> int:
+    if not args.local and (args.probe or args.config):
+        print("xworkmate-bridge providers: --probe and --config read the configuration and need --local",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if not args.local:
         from bridge.client import call
 

@@ -94,7 +94,7 @@ def _expand(value: Any, where: str, missing: list[str] | None = None) -> Any:
         if isinstance(item, dict):
             return {k: walk(v, f"{at}.{k}" if at else str(k)) for k, v in item.items()}
         if isinstance(item, list):
-            return [walk(v, f"{at}[{i}]") for i, v in enumerate(item)]
+            return [walk(v, f"{at}.{i}") for i, v in enumerate(item)]
         return item
 
     result = walk(value, where)
@@ -123,16 +123,20 @@ def find_config_file(explicit: str | None) -> Path | None:
 
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open(encoding="utf-8") as stream:  # a stream, so YAML errors name the file
+            raw = yaml.safe_load(stream)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    return _expand(raw, "")
+    try:
+        return _expand(raw, "")
+    except ConfigError as exc:
+        raise ConfigError("\n".join(f"{path}: {line}" for line in str(exc).splitlines())) from None
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> BridgeConfig:
@@ -148,17 +152,13 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     """
     file = find_config_file(path)
     data = _read_file(file) if file else {}
-    if tokens := _env("BRIDGE_AUTH_TOKEN"):
-        data["authTokens"] = _split(tokens)
-    if origins := _env("ACP_ALLOWED_ORIGINS"):
-        data["allowedOrigins"] = _split(origins)
-    if host := _env("BRIDGE_HOST"):
-        data["host"] = host
-    if port := _env("BRIDGE_PORT"):
-        data["port"] = port
+    given_by: dict[str, str] = {}  # key -> where its value came from, when not from the file
+    for name, key, split in _ENV_KEYS:
+        if value := _env(name):
+            data[key], given_by[key] = (_split(value) if split else value), f"environment variable {name}"
     for key, value in (overrides or {}).items():
         if value is not None:
-            data[key] = value
+            data[key], given_by[key] = value, "flag --" + re.sub(r"(?<!^)([A-Z])", r"-\1", key).lower()
     source = str(file) if file else "configuration"
     base = file.resolve().parent if file else Path.cwd()
     _split_profiles(data, base, source)
@@ -166,8 +166,18 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     try:
         return convert(data, BridgeConfig)
     except SettingsError as exc:
-        lines = (f"{source}: {p.loc or '(top level)'}: {p.msg}" for p in exc.problems)
+        lines = []
+        for p in exc.problems:
+            origin = given_by.get(p.loc.partition(".")[0])
+            lines.append(f"{origin}: {p.msg}" if origin else f"{source}: {p.loc or '(top level)'}: {p.msg}")
         raise ConfigError("\n".join(lines)) from exc
+
+
+_ENV_KEYS = (
+    ("BRIDGE_AUTH_TOKEN", "authTokens", True), ("ACP_ALLOWED_ORIGINS", "allowedOrigins", True),
+    ("BRIDGE_HOST", "host", False), ("BRIDGE_PORT", "port", False),
+)  # fmt: skip
+"""Environment variables that override a key of the file: ``(name, key, comma-separated)``."""
 
 
 def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:

@@ -15,6 +15,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
@@ -87,38 +88,75 @@ def convert(raw: Any, shape: type[T], where: str = "") -> T:
         SettingsError: The first problem, located by key (``limits.maxOutputBytes: Expected `int`,
             got `str```; ``providers.x.foo: unknown key``).
     """
-    raw = _python_names(raw, shape)
+    raw = _python_names(raw, shape, where)
     try:
         return msgspec.convert(raw, shape, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError([_problem(exc, raw, shape, where)]) from None
 
 
-def _python_names(raw: Any, shape: Any) -> Any:
-    """``raw`` with each key that is a struct field's Python name renamed to its wire name
-    (unless both are given, which msgspec then reports as an unknown key), at every depth."""
+def _python_names(raw: Any, shape: Any, where: str = "") -> Any:
+    """``raw`` with each key that is a struct field's Python name renamed to its wire name, at
+    every depth.
+
+    Raises:
+        SettingsError: A key given in both spellings (``duplicate_key``).
+    """
     origin = get_origin(shape)
     if origin is Annotated:
-        return _python_names(raw, get_args(shape)[0])
+        return _python_names(raw, get_args(shape)[0], where)
     if origin in (Union, types.UnionType):
         for arm in get_args(shape):
-            raw = _python_names(raw, arm)
+            raw = _python_names(raw, arm, where)
         return raw
     if isinstance(raw, dict) and isinstance(shape, type) and issubclass(shape, msgspec.Struct):
-        fields = msgspec.structs.fields(shape)
         out = dict(raw)
-        for f in fields:
-            if f.name != f.encode_name and f.name in out and f.encode_name not in out:
+        for f in msgspec.structs.fields(shape):
+            if f.name != f.encode_name and f.name in out:
+                if f.encode_name in out:
+                    raise SettingsError([Problem(_join(where, f.encode_name), f"given twice, also as {f.name}",
+                                                 "duplicate_key")])  # fmt: skip
                 out[f.encode_name] = out.pop(f.name)
-        for f in fields:
             if f.encode_name in out:
-                out[f.encode_name] = _python_names(out[f.encode_name], f.type)
+                out[f.encode_name] = _python_names(out[f.encode_name], f.type, _join(where, f.encode_name))
         return out
     if isinstance(raw, list) and origin in (list, tuple) and get_args(shape):
-        return [_python_names(item, get_args(shape)[0]) for item in raw]
+        return [_python_names(item, get_args(shape)[0], _join(where, str(i))) for i, item in enumerate(raw)]
     if isinstance(raw, dict) and origin is dict and len(get_args(shape)) == 2:
-        return {k: _python_names(v, get_args(shape)[1]) for k, v in raw.items()}
+        return {k: _python_names(v, get_args(shape)[1], _join(where, str(k))) for k, v in raw.items()}
     return raw
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _type_at(shape: Any, keys: list[str]) -> Any:
+    """The declared type at ``keys`` below ``shape`` (None where the path leaves the shape)."""
+    for key in keys:
+        shape = _unwrap(shape)
+        origin = get_origin(shape)
+        if isinstance(shape, type) and issubclass(shape, msgspec.Struct):
+            shape = next((f.type for f in msgspec.structs.fields(shape) if f.encode_name == key), None)
+        elif origin in (list, tuple) and get_args(shape):
+            shape = get_args(shape)[0]
+        elif origin is dict and len(get_args(shape)) == 2:
+            shape = get_args(shape)[1]
+        else:
+            return None
+    return _unwrap(shape)
+
+
+def _unwrap(shape: Any) -> Any:
+    """``shape`` without ``Annotated`` and without ``None`` in a union of one other type."""
+    while True:
+        origin = get_origin(shape)
+        if origin is Annotated:
+            shape = get_args(shape)[0]
+        elif origin in (Union, types.UnionType) and len(arms := [a for a in get_args(shape) if a is not type(None)]) == 1:
+            shape = arms[0]
+        else:
+            return shape
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -145,9 +183,22 @@ def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: st
         keys.append(cause.field)
         msg = cause.message
     elif unknown := _UNKNOWN.match(msg):
+        msg, kind = "unknown key" + _did_you_mean(unknown.group("name"), _type_at(shape, keys)), "unknown_key"
         keys.append(unknown.group("name"))
-        msg, kind = "unknown key", "unknown_key"
+    elif msg.startswith("Invalid enum value") and get_origin(declared := _type_at(shape, keys)) is Literal:
+        msg += ", expected one of " + ", ".join(repr(v) for v in get_args(declared))
     return Problem(".".join([where, *keys] if where else keys), msg, kind)
+
+
+def _did_you_mean(name: str, struct: Any) -> str:
+    """`` (did you mean timeout_secs?)`` for a key that is a field in another spelling or close to one."""
+    if not (isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
+        return ""
+    known = [f.encode_name for f in msgspec.structs.fields(struct)]
+    folded = {k.replace("_", "").lower(): k for k in known}
+    close = folded.get(name.replace("_", "").replace("-", "").lower()) or next(
+        iter(difflib.get_close_matches(name, known, n=1, cutoff=0.8)), None)
+    return f" (did you mean {close}?)" if close else ""
 
 
 def _name_dict_keys(steps: list[str], raw: Any, shape: type[Any], error: str) -> list[str]:

@@ -96,10 +96,11 @@ def test_chat_lists_the_sources_its_citation_anchors_point_to():
 
     result = {"output": "Use a token [1](#citation-1). See also [3](#citation-3) and [1](#citation-1).",
               "artifacts": [{"type": "llmwiki_agent_result", "citations": [
-                  {"title": "Auth", "sourceId": "bridge-docs", "path": "auth.md"},
+                  {"title": "Auth", "sourceId": "bridge-docs", "pageId": "auth", "path": "auth.md"},
                   {"title": "Unused", "sourceId": "bridge-docs", "path": "x.md"},
-                  {"title": "Providers", "sourceId": "wiki", "pageId": "providers"}]}]}  # fmt: skip
-    assert cited_sources(result) == ["[1] Auth (bridge-docs: auth.md)", "[3] Providers (wiki: providers)"]
+                  {"title": "Providers", "sourceId": "wiki", "path": "providers.md"}]}]}  # fmt: skip
+    # the page as knowledge.read takes it, else the file
+    assert cited_sources(result) == ["[1] Auth (bridge-docs: /auth)", "[3] Providers (wiki: providers.md)"]
     assert cited_sources({"output": "no anchors", "artifacts": []}) == []
 
 
@@ -117,3 +118,9 @@ def test_chat_output_survives_malformed_results(result):
 
     assert isinstance(cited_sources(result), list)
     assert turn_summary(result, 0.5).startswith("[")
+
+
+def test_providers_refuses_local_only_flags_without_local(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bridge.cli", "providers", "--probe"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=30)  # fmt: skip
+    assert done.returncode == 2 and "need --local" in done.stderr

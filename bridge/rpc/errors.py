@@ -46,7 +46,16 @@ class MethodNotFound(RpcError):
 
 
 class InvalidParams(RpcError):
+    """-32602. ``data.errors`` always lists the failures as ``{loc, type, msg}`` (docs/api.md
+    "Errors"); raised with ``field`` (and ``reason``) instead, it lists that one failure."""
+
     code, name, default_message = -32602, "INVALID_PARAMS", "Invalid params"
+
+    def __init__(self, message: str | None = None, **data: Any) -> None:
+        super().__init__(message, **data)
+        if "errors" not in self.data:
+            self.data["errors"] = [{"loc": str(data.get("field", "")), "type": str(data.get("reason") or "invalid"),
+                                    "msg": self.message}]  # fmt: skip
 
 
 class InternalError(RpcError):

@@ -151,6 +151,8 @@ async def test_jsonrpc_must_be_exactly_2_0(dispatcher, version):
 async def test_params_that_are_not_an_object_are_invalid_params(dispatcher, params):
     (reply,) = await serve(dispatcher, dumps(request("test.echo", params, 9)))
     assert reply["error"]["code"] == -32602
+    # every -32602 lists its failures (docs/api.md "Errors"), even one raised without a list
+    assert reply["error"]["data"]["errors"] == [{"loc": "", "type": "invalid", "msg": reply["error"]["message"]}]
 
 
 async def test_an_unknown_method_is_method_not_found(dispatcher):

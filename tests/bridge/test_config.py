@@ -104,12 +104,39 @@ def test_a_custom_acp_provider_needs_a_command(tmp_path):
     ("knowledge: {fanOut: 99}\n", "knowledge.fanOut: Expected `int` <= 32"),
     ("authTokens: ['']\n", "authTokens: a token must not be empty"),
     ("providers: [codex]\n", "providers: must be a mapping of provider ids to entries"),
-    ("limits: {maxRunningTurns: 4, max_running_turns: 5}\n", "limits.max_running_turns: unknown key"),
+    ("limits: {maxRunningTurns: 4, max_running_turns: 5}\n", "limits.maxRunningTurns: given twice, also as max_running_turns"),
+    ("providers:\n  mine: {comand: a}\n", "providers.mine.comand: unknown key (did you mean command?)"),
+    ("profiles:\n  p: {script: a.py, timeoutSecs: 3}\n", "profiles.p.timeoutSecs: unknown key (did you mean timeout_secs?)"),
+    ("providers:\n  x: {command: a, permissionPolicy: maybe}\n",
+     "providers.x.permissionPolicy: Invalid enum value 'maybe', expected one of 'allow', 'deny', 'ask'"),
+    ("authTokens: ['${XWM_TEST_UNSET_A}', '${XWM_TEST_UNSET_B}']\n",
+     "authTokens.0: environment variable ${XWM_TEST_UNSET_A} is not set\n{file}: authTokens.1: environment variable "
+     "${XWM_TEST_UNSET_B} is not set"),
 ])  # fmt: skip
 def test_an_error_names_the_exact_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))
-    assert str(err.value) == f"{tmp_path / 'cfg.yaml'}: {message}"
+    file = tmp_path / "cfg.yaml"
+    assert str(err.value) == f"{file}: " + message.replace("{file}", str(file))
+
+
+def test_a_value_from_the_environment_or_a_flag_is_blamed_on_it_not_on_the_file(tmp_path, monkeypatch):
+    path = write(tmp_path, "port: 18874\n")
+    monkeypatch.setenv("BRIDGE_PORT", "abc")
+    with pytest.raises(ConfigError, match=r"^environment variable BRIDGE_PORT: Expected `int`, got `str`$"):
+        load_config(path)
+    monkeypatch.delenv("BRIDGE_PORT")
+    with pytest.raises(ConfigError, match=r"^flag --port: Expected `int` <= 65535$"):
+        load_config(path, {"port": 99999})
+
+
+def test_yaml_and_encoding_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "port: [1\n"))
+    assert str(err.value).count(str(tmp_path / "cfg.yaml")) >= 2  # the prefix and YAML's own mark
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe: 1\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(str(tmp_path / "bin.yaml"))
 
 
 def test_keys_may_use_their_python_names_and_an_empty_preset_entry_is_the_preset(tmp_path):
