@@ -65,6 +65,9 @@ class BridgeConfig(Settings, frozen=True):
                  for i, t in enumerate(self.auth_tokens, start=1)]  # fmt: skip
         if any(not t.token for t in named):
             raise FieldInvalid("authTokens", "a token must not be empty")
+        names = [t.name for t in named]
+        if twice := next((n for n in names if names.count(n) > 1), None):
+            raise FieldInvalid("authTokens", f"two tokens are named {twice!r} (a bare token is named token-<n>)")
         msgspec.structs.force_setattr(self, "auth_tokens", named)
         if self.providers is not None:  # `codex:` with nothing under it is the preset as it is
             providers = {k: ProviderConfig() if v is None else v for k, v in self.providers.items()}
@@ -129,12 +132,16 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     try:
         return _expand(raw, "")
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     except ConfigError as exc:
         raise ConfigError("\n".join(f"{path}: {line}" for line in str(exc).splitlines())) from None
 
@@ -152,16 +159,28 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     """
     file = find_config_file(path)
     data = _read_file(file) if file else {}
+    source = str(file) if file else "configuration"
+    if internal := next((k for k in ("-", "profile_dir", "profileDir") if k in data), None):
+        raise ConfigError(f"{source}: {internal}: unknown key")
     given_by: dict[str, str] = {}  # key -> where its value came from, when not from the file
     for name, key, split in _ENV_KEYS:
         if value := _env(name):
-            data[key], given_by[key] = (_split(value) if split else value), f"environment variable {name}"
+            given_by[key] = f"environment variable {name}"
+            data[key] = _split(value) if split else value
+            if split and not data[key]:
+                raise ConfigError(f"{given_by[key]}: no value in it, only commas and blanks")
     for key, value in (overrides or {}).items():
         if value is not None:
-            data[key], given_by[key] = value, "flag --" + re.sub(r"(?<!^)([A-Z])", r"-\1", key).lower()
-    source = str(file) if file else "configuration"
+            data[key], given_by[key] = value, "flag --" + _snake(key).replace("_", "-")
+    for key in given_by:
+        if _snake(key) != key:
+            data.pop(_snake(key), None)  # the file's snake_case spelling of a key set elsewhere
     base = file.resolve().parent if file else Path.cwd()
     _split_profiles(data, base, source)
+    if isinstance(data.get("providers"), dict):
+        from compat.presets import with_preset
+
+        data["providers"] = {k: with_preset(k, v) for k, v in data["providers"].items()}
     data["-"] = str(base)
     try:
         return convert(data, BridgeConfig)
@@ -171,6 +190,10 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             origin = given_by.get(p.loc.partition(".")[0])
             lines.append(f"{origin}: {p.msg}" if origin else f"{source}: {p.loc or '(top level)'}: {p.msg}")
         raise ConfigError("\n".join(lines)) from exc
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
 
 
 _ENV_KEYS = (
@@ -188,8 +211,8 @@ def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:
 
     reserved = () if data.get("providers") is not None else (*PRESETS, "knowledge")
     try:
-        profiles, providers = parse_profiles(data.pop("profiles", None), data.get("providers"),
-                                             profile_dir=base, reserved=reserved)  # fmt: skip
+        profiles, providers = parse_profiles(data.pop("profiles", None), data.get("providers"), profile_dir=base,
+                                             reserved=reserved, expand=False)  # _read_file expanded ${VAR}  # fmt: skip
     except ProfileConfigError as exc:
         raise ConfigError("\n".join(f"{source}: {line}" for line in str(exc).splitlines())) from exc
     if providers is not None:

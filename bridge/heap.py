@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import logging
 import sys
 from typing import Callable
 
@@ -62,7 +63,10 @@ async def settle_heap(idle: Callable[[], bool]) -> None:
     import anyio
     import anyio.to_thread
 
-    await anyio.to_thread.run_sync(_import_first_use_modules)
+    try:
+        await anyio.to_thread.run_sync(_import_first_use_modules)
+    except Exception as exc:  # only an optimisation: the first request imports what it needs (and reports it)
+        logging.getLogger(__name__).warning("could not load %s ahead of use: %r", FIRST_USE_MODULES, exc)
     frozen = 0
     while True:
         if len(sys.modules) != frozen and idle():

@@ -2,7 +2,8 @@
 
 With no ``providers`` key, every preset whose command is found (on PATH or in the ``make agents``
 cache) is enabled; the rest stay listed as unavailable. A configured entry named like a preset
-inherits the preset's command, args and label.
+inherits the preset's command, args, label and modelFlag where it leaves them out
+(bridge.config.load_config, compat.presets.with_preset).
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
 
     With no ``providers`` key: every ACP preset, plus the embedded ``knowledge`` provider.
     """
-    from compat.presets import PRESETS, with_preset
+    from compat.presets import PRESETS
 
     if config.providers is None:
         entries = {**PRESETS, "knowledge": ProviderConfig(type="knowledge", label="Knowledge")}
         return entries, set(entries)
     entries: dict[str, ProviderConfig] = {}
     for provider_id, entry in config.providers.items():
-        if provider_id in PRESETS:
-            entry = with_preset(provider_id, entry)
-        elif entry.type == "acp" and not entry.command:
-            raise ConfigError(f"providers.{provider_id}.command: required for a provider that is not a preset")
+        assert entry is not None  # BridgeConfig.__post_init__
+        if entry.type == "acp" and not entry.command:  # presets' entries got theirs in load_config
+            why = "it is given as null" if provider_id in PRESETS else "the provider is not a preset"
+            raise ConfigError(f"providers.{provider_id}.command: required ({why})")
         entries[provider_id] = entry
     return entries, {i for i, e in entries.items() if e.enabled}
 

@@ -15,6 +15,7 @@ import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -28,18 +29,24 @@ PRESETS: Mapping[str, ProviderConfig] = {
     "claude": ProviderConfig(command="claude-agent-acp", args=[], label="Claude"),
 }
 
-PRESET_KEYS = ("command", "args", "label", "model_flag")
+PRESET_KEYS = ("command", "args", "label", "modelFlag")
 """The keys a preset fills in a ``providers.<id>`` entry of the same id that leaves them out."""
 
 
-def with_preset(provider_id: str, config: ProviderConfig) -> ProviderConfig:
-    """Fill ``command``, ``args``, ``label`` and ``modelFlag`` from the preset of the same id
-    where the operator left them out; other ids are returned unchanged."""
+def with_preset(provider_id: str, raw: Mapping[str, Any] | None) -> Any:
+    """A raw (YAML-loaded) ``providers.<id>`` entry with the keys of :data:`PRESET_KEYS` it
+    leaves out taken from the preset of the same id; a key given as ``null`` stays null (so
+    ``modelFlag: null`` turns the preset's off). Other ids, and entries that are not mappings
+    (reported by validation), are returned unchanged."""
     preset = PRESETS.get(provider_id)
-    if preset is None:
-        return config
-    filled = {name: getattr(preset, name) for name in PRESET_KEYS if getattr(config, name) is None}
-    return msgspec.structs.replace(config, **filled)
+    if preset is None or not isinstance(raw, Mapping | None):
+        return raw
+    entry = dict(raw or {})
+    for key in PRESET_KEYS:
+        snake = re.sub(r"([A-Z])", r"_\1", key).lower()
+        if key not in entry and snake not in entry:
+            entry[key] = msgspec.to_builtins(getattr(preset, snake))
+    return entry
 
 
 def agents_dir() -> Path:

@@ -19,8 +19,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import msgspec
-
 from compat.presets import _version_key, agents_dir, find_command
 from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsError, convert
 
@@ -40,14 +38,12 @@ class ProfileConfigError(ValueError):
 
 class ProfileConfig(Settings, frozen=True, rename=None):
     """One exec profile (snake_case keys, as in iLink; ``maxConcurrent`` is also accepted).
-    ``${VAR}`` in ``script``, ``command``, ``args``, ``cwd`` and ``env`` values is replaced from
-    the bridge's environment when the profile is built.
+    Built from raw data by :func:`parse_profile`, which replaces ``${VAR}`` first.
 
     Raises (from the constructor, or as a :class:`~compat.settings.SettingsError` problem from
     :func:`parse_profile`):
-        FieldInvalid: an empty ``script``/``command``/``cwd``/``label``, a bad ``env`` name or a
-            missing variable, neither ``script`` nor ``command``, or ``{{MESSAGE}}`` given to a
-            shell's ``-c``.
+        FieldInvalid: an empty ``script``/``command``/``cwd``/``label``, a bad ``env`` name,
+            neither ``script`` nor ``command``, or ``{{MESSAGE}}`` given to a shell's ``-c``.
     """
 
     type: Literal["exec", "claude-code"] = "exec"
@@ -80,24 +76,11 @@ class ProfileConfig(Settings, frozen=True, rename=None):
         for name in self.env:
             if not name or "=" in name or "\0" in name:
                 raise FieldInvalid("env", f"invalid variable name {name!r}")
-        # ${VAR} is replaced once, while the frozen struct is being built
-        for name in ("script", "command", "cwd"):
-            if (value := getattr(self, name)) is not None:
-                msgspec.structs.force_setattr(self, name, _expanded(name, value))
-        msgspec.structs.force_setattr(self, "args", [_expanded("args", arg) for arg in self.args])
-        msgspec.structs.force_setattr(self, "env", {k: _expanded("env", v) for k, v in self.env.items()})
         if self.type == "exec" and not (self.script or self.command):
             raise ValueError("one of script or command is required (or type: claude-code)")
         if _shell_with_message(self.command, self.args):
             raise ValueError("{{MESSAGE}} in args of a shell run with -c would let the message run as code; "
                              "read $AGENT_MESSAGE in the script instead")  # fmt: skip
-
-
-def _expanded(field: str, value: str) -> str:
-    try:
-        return expand_vars(value)
-    except ValueError as exc:
-        raise FieldInvalid(field, str(exc)) from None
 
 
 def expand_vars(value: str) -> str:
@@ -117,7 +100,7 @@ def expand_vars(value: str) -> str:
 
 
 def _shell_with_message(command: str | None, args: list[str]) -> bool:
-    if not command or os.path.basename(command.split()[0]) not in _SHELLS:
+    if not command or not command.split() or os.path.basename(command.split()[0]) not in _SHELLS:
         return False
     runs_code = any(re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", a) for a in [*command.split()[1:], *args])
     return runs_code and any("{{MESSAGE}}" in a for a in args)
@@ -126,14 +109,21 @@ def _shell_with_message(command: str | None, args: list[str]) -> bool:
 # ---- parsing a configuration --------------------------------------------------------------------
 
 
-def parse_profile(where: str, raw: Any) -> ProfileConfig:
+def parse_profile(where: str, raw: Any, *, expand: bool = True) -> ProfileConfig:
     """Validate one profile; ``where`` is its config path (``profiles.bot``).
+
+    Args:
+        expand: Replace ``${VAR}`` in ``script``, ``command``, ``cwd``, ``args`` and ``env``
+            values from the bridge's environment (False for a file bridge.config already
+            expanded: a value is never expanded twice).
 
     Raises:
         ProfileConfigError: The first bad key, as ``<where>.<key>: <message>``.
     """
     if isinstance(raw, Mapping):
         raw = dict(raw)
+        if expand:
+            raw = _expanded(where, raw)
         if "maxConcurrent" in raw and "max_concurrent" not in raw:
             raw["max_concurrent"] = raw.pop("maxConcurrent")  # camelCase, like the bridge's own keys
         if raw.get("type") == "profile":
@@ -146,6 +136,25 @@ def parse_profile(where: str, raw: Any) -> ProfileConfig:
         raise ProfileConfigError(str(exc)) from None
 
 
+def _expanded(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    def one(key: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # validation reports the type
+        try:
+            return expand_vars(value)
+        except ValueError as exc:
+            raise ProfileConfigError(f"{where}.{key}: {exc}") from None
+
+    for key in ("script", "command", "cwd"):
+        if key in raw:
+            raw[key] = one(key, raw[key])
+    if isinstance(raw.get("args"), list):
+        raw["args"] = [one("args", arg) for arg in raw["args"]]
+    if isinstance(raw.get("env"), Mapping):
+        raw["env"] = {name: one("env", value) for name, value in raw["env"].items()}
+    return raw
+
+
 def parse_profiles(
     profiles: Mapping[str, Any] | None,
     providers: Mapping[str, Any] | None = None,
@@ -153,6 +162,7 @@ def parse_profiles(
     profile_dir: str | os.PathLike[str],
     reserved: Iterable[str] = (),
     check_runtime: bool = True,
+    expand: bool = True,
 ) -> tuple[dict[str, ProfileConfig], dict[str, Any] | None]:
     """Collect the profiles of a raw (YAML-loaded) configuration.
 
@@ -165,6 +175,7 @@ def parse_profiles(
         reserved: Ids of providers that exist without a ``providers:`` entry (the presets and
             ``knowledge`` when ``providers:`` is absent); a profile may not take them.
         check_runtime: Also resolve each profile's runtime and script (see :func:`resolve_runtime`).
+        expand: See :func:`parse_profile`.
 
     Returns:
         ``({id: ProfileConfig}, providers without the profile entries)``, both in config order.
@@ -185,10 +196,10 @@ def parse_profiles(
             raise ProfileConfigError(f"profiles.{profile_id}: the id is also used by providers.{profile_id}")
         if profile_id in taken:
             raise ProfileConfigError(f"profiles.{profile_id}: the id is already used by the built-in provider {profile_id}")
-        found[str(profile_id)] = parse_profile(f"profiles.{profile_id}", raw)
+        found[str(profile_id)] = parse_profile(f"profiles.{profile_id}", raw, expand=expand)
     for provider_id, raw in (providers or {}).items():
         if isinstance(raw, Mapping) and raw.get("type") in ("profile", "claude-code"):
-            found[str(provider_id)] = parse_profile(f"providers.{provider_id}", raw)
+            found[str(provider_id)] = parse_profile(f"providers.{provider_id}", raw, expand=expand)
             assert rest is not None
             del rest[provider_id]
     if check_runtime:

@@ -52,8 +52,9 @@ class FieldInvalid(ValueError):
 
 
 class Problem(msgspec.Struct, frozen=True):
-    """One validation failure: ``loc`` is the dotted key path (camelCase where the keys are),
-    ``type`` is ``unknown_key`` or ``invalid``."""
+    """One validation failure: ``loc`` is the dotted key path (camelCase where the keys are);
+    ``type`` is pydantic's name for the kind of failure (``extra_forbidden``, ``missing``,
+    ``string_type``, ``literal_error``, ``value_error``, …), or ``duplicate_key``."""
 
     loc: str
     msg: str
@@ -88,27 +89,34 @@ def convert(raw: Any, shape: type[T], where: str = "") -> T:
         SettingsError: The first problem, located by key (``limits.maxOutputBytes: Expected `int`,
             got `str```; ``providers.x.foo: unknown key``).
     """
-    raw = _python_names(raw, shape, where)
     try:
+        raw = _prepare(raw, shape, where)
         return msgspec.convert(raw, shape, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError([_problem(exc, raw, shape, where)]) from None
+    except RecursionError:
+        raise SettingsError([Problem(where, "nested too deeply")]) from None
 
 
-def _python_names(raw: Any, shape: Any, where: str = "") -> Any:
-    """``raw`` with each key that is a struct field's Python name renamed to its wire name, at
-    every depth.
+def _prepare(raw: Any, shape: Any, where: str = "") -> Any:
+    """``raw`` as the pydantic models took it, for msgspec: each key that is a struct field's
+    Python name renamed to its wire name, and the strings pydantic read as booleans (``yes``,
+    ``off``, …, as a ``${VAR}`` gives them) or as numbers with surrounding blanks converted.
 
     Raises:
         SettingsError: A key given in both spellings (``duplicate_key``).
     """
     origin = get_origin(shape)
     if origin is Annotated:
-        return _python_names(raw, get_args(shape)[0], where)
+        return _prepare(raw, get_args(shape)[0], where)
     if origin in (Union, types.UnionType):
         for arm in get_args(shape):
-            raw = _python_names(raw, arm, where)
+            raw = _prepare(raw, arm, where)
         return raw
+    if isinstance(raw, str):
+        if shape is bool:
+            return _BOOLS.get(raw.strip().lower(), raw)
+        return raw.strip() if shape in (int, float) else raw
     if isinstance(raw, dict) and isinstance(shape, type) and issubclass(shape, msgspec.Struct):
         out = dict(raw)
         for f in msgspec.structs.fields(shape):
@@ -118,13 +126,18 @@ def _python_names(raw: Any, shape: Any, where: str = "") -> Any:
                                                  "duplicate_key")])  # fmt: skip
                 out[f.encode_name] = out.pop(f.name)
             if f.encode_name in out:
-                out[f.encode_name] = _python_names(out[f.encode_name], f.type, _join(where, f.encode_name))
+                out[f.encode_name] = _prepare(out[f.encode_name], f.type, _join(where, f.encode_name))
         return out
     if isinstance(raw, list) and origin in (list, tuple) and get_args(shape):
-        return [_python_names(item, get_args(shape)[0], _join(where, str(i))) for i, item in enumerate(raw)]
+        return [_prepare(item, get_args(shape)[0], _join(where, str(i))) for i, item in enumerate(raw)]
     if isinstance(raw, dict) and origin is dict and len(get_args(shape)) == 2:
-        return {k: _python_names(v, get_args(shape)[1], _join(where, str(k))) for k, v in raw.items()}
+        return {k: _prepare(v, get_args(shape)[1], _join(where, str(k))) for k, v in raw.items()}
     return raw
+
+
+_BOOLS = {**dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
+          **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False)}  # fmt: skip
+"""The strings pydantic's lax mode reads as booleans."""
 
 
 def _join(where: str, key: str) -> str:
@@ -160,34 +173,51 @@ def _unwrap(shape: Any) -> Any:
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
+_AT_KEY = re.compile(r"^(?P<msg>.*?) - at `key` in `(?P<path>[^`]*)`$", re.DOTALL)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>.*)`$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<name>.*)`$", re.DOTALL)
+_WRONG_TYPE = re.compile(r"^Expected `(?P<type>\w+)`, got `\w+`$")
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+_TYPES = {"str": "string_type", "int": "int_type", "float": "float_type", "bool": "bool_type", "array": "list_type",
+          "object": "dict_type", "null": "none_required"}  # fmt: skip
+"""msgspec's type names → the error ``type`` pydantic reports for the same failure (the params
+that stay pydantic use those, so one request's ``data.errors`` speak one vocabulary)."""
 
 
 def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: str) -> Problem:
-    # msgspec's ValidationError is one string, "<message> - at `$.a[0].b`", with a dict's key
-    # shown as `[...]`; its format is stable across msgspec releases (pinned in pyproject, and
-    # tests/bridge/test_config.py checks the keys it yields).
-    match = _AT.match(str(exc))
-    assert match is not None  # the pattern matches any string
-    msg, path = match.group("msg"), match.group("path") or "$"
-    keys: list[str] = []
-    if path.startswith("$"):
-        steps = [m.group(1) or m.group(2) for m in _STEP.finditer(path)]
-        keys = _name_dict_keys(steps, raw, shape, str(exc))
-    else:  # "`key` in `$.env`": a dict key of the wrong type
-        msg = f"{msg} (a key)"
-    cause = exc.__cause__
-    kind = "invalid"
-    if isinstance(cause, FieldInvalid):
-        keys.append(cause.field)
-        msg = cause.message
+    # msgspec's ValidationError is one string, "<message> - at `$.a[0].b`" (or "- at `key` in
+    # `$.a`" for a dict key), with a dict's entry shown as `[...]`; the format has held since
+    # msgspec 0.18 (pinned in pyproject; tests/bridge/test_config.py checks the keys it yields).
+    text = str(exc)
+    key_error = _AT_KEY.match(text)
+    match = key_error or _AT.match(text)
+    assert match is not None  # _AT matches any string
+    msg, path = match["msg"], match["path"] or "$"
+    steps = [m.group(1) or m.group(2) for m in _STEP.finditer(path)]
+    keys = _locate(steps, raw, shape, text)
+    labels = [str(k) for k in keys]
+    cause, kind = exc.__cause__, "invalid"
+    if key_error:
+        bad = next((k for k in _at(raw, keys) or () if not isinstance(k, str)), None)
+        msg = f"key {bad!r} must be a string" if bad is not None else f"{msg} (a key)"
+    elif isinstance(cause, FieldInvalid):
+        labels.append(cause.field)
+        msg, kind = cause.message, "value_error"
     elif unknown := _UNKNOWN.match(msg):
-        msg, kind = "unknown key" + _did_you_mean(unknown.group("name"), _type_at(shape, keys)), "unknown_key"
-        keys.append(unknown.group("name"))
-    elif msg.startswith("Invalid enum value") and get_origin(declared := _type_at(shape, keys)) is Literal:
-        msg += ", expected one of " + ", ".join(repr(v) for v in get_args(declared))
-    return Problem(".".join([where, *keys] if where else keys), msg, kind)
+        msg, kind = "unknown key" + _did_you_mean(unknown["name"], _type_at(shape, labels)), "extra_forbidden"
+        labels.append(unknown["name"])
+    elif missing := _MISSING.match(msg):
+        labels.append(missing["name"])
+        msg, kind = "missing required key", "missing"
+    elif msg.startswith("Invalid enum value"):
+        kind = "literal_error"
+        if get_origin(declared := _type_at(shape, labels)) is Literal:
+            msg += ", expected one of " + ", ".join(repr(v) for v in get_args(declared))
+    elif wrong := _WRONG_TYPE.match(msg):
+        kind = _TYPES.get(wrong["type"], "type_error")
+    elif msg.startswith("Expected `"):  # a constraint: "Expected `int` >= 1", "... of length <= 64"
+        kind = "value_error"
+    return Problem(".".join([where, *labels] if where else labels), msg, kind)
 
 
 def _did_you_mean(name: str, struct: Any) -> str:
@@ -201,44 +231,62 @@ def _did_you_mean(name: str, struct: Any) -> str:
     return f" (did you mean {close}?)" if close else ""
 
 
-def _name_dict_keys(steps: list[str], raw: Any, shape: type[Any], error: str) -> list[str]:
-    """Replace each ``...`` step (an entry of a dict) with the key of the entry that fails:
-    msgspec checks entries in order and stops at the first failure, so the first entry that,
-    left alone in its dict, still fails with the same ``error`` is the one it reported."""
-    keys: list[str] = []
+def _locate(steps: list[str], raw: Any, shape: type[Any], error: str) -> list[Any]:
+    """The path of ``error`` in ``raw`` as real keys and indices, each ``...`` step (a dict's
+    entry) replaced by the key of the entry that fails.
+
+    msgspec checks a dict's entries in order and stops at the first failure, so the failing
+    entry is the last of the shortest prefix of the dict that still fails with the same
+    ``error``: a bisection, O(log n) conversions (the other entries of dicts already resolved
+    are left out, so their problems cannot answer for this one). Only on the error path.
+    """
+    path: list[Any] = []
+    narrowed_at: set[int] = set()
     for step in steps:
-        entries = _at(raw, keys) if step == "..." else None
-        culprit = None
-        if isinstance(entries, dict):
-            culprit = next((k for k, v in entries.items() if _fails_alone(raw, keys, k, v, shape, error)), None)
-        keys.append(step if culprit is None else str(culprit))
-    return keys
+        node = _at(raw, path)
+        if step != "...":
+            path.append(int(step) if isinstance(node, list) and step.isdigit() else step)
+            continue
+        entries = list(node.items()) if isinstance(node, dict) else []
+        fails = lambda k: _still_fails(raw, path, narrowed_at, dict(entries[:k]), shape, error)  # noqa: E731
+        if not entries or not fails(len(entries)):
+            return [*path, "…"]
+        lo, hi = 1, len(entries)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fails(mid) else (mid + 1, hi)
+        narrowed_at.add(len(path))
+        path.append(entries[lo - 1][0])
+    return path
 
 
-def _at(raw: Any, keys: list[str]) -> Any:
-    for key in keys:
-        if isinstance(raw, dict):
-            raw = raw.get(key)
-        elif isinstance(raw, list) and key.isdigit() and int(key) < len(raw):
-            raw = raw[int(key)]
+def _at(raw: Any, path: list[Any]) -> Any:
+    for key in path:
+        if isinstance(raw, dict) and key in raw:
+            raw = raw[key]
+        elif isinstance(raw, list) and isinstance(key, int) and key < len(raw):
+            raw = raw[key]
         else:
             return None
     return raw
 
 
-def _fails_alone(raw: Any, keys: list[str], key: Any, value: Any, shape: type[Any], error: str) -> bool:
+def _still_fails(raw: Any, path: list[Any], narrowed_at: set[int], entries: dict[Any, Any], shape: type[Any],
+                 error: str) -> bool:  # fmt: skip
     def narrowed(node: Any, depth: int) -> Any:
-        if depth == len(keys):
-            return {key: value}
-        step = keys[depth]
+        if depth == len(path):
+            return entries
+        key = path[depth]
+        if depth in narrowed_at:
+            return {key: narrowed(node[key], depth + 1)}
         if isinstance(node, dict):
-            return {**node, step: narrowed(node[step], depth + 1)}
-        return [narrowed(item, depth + 1) if str(i) == step else item for i, item in enumerate(node)]
+            return {**node, key: narrowed(node[key], depth + 1)}
+        return [narrowed(item, depth + 1) if i == key else item for i, item in enumerate(node)]
 
     try:
         msgspec.convert(narrowed(raw, 0), shape, strict=False)
     except msgspec.ValidationError as exc:
-        return str(exc) == error  # not a later problem elsewhere in the file
+        return str(exc) == error  # not another problem elsewhere in the file
     return False
 
 

@@ -70,3 +70,23 @@ anyio.run(main)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_failed_warm_up_is_logged_and_the_bridge_goes_on(tmp_path):
+    script = """
+import logging, sys, anyio
+from bridge import heap
+heap.SETTLE_INTERVAL = 0.01
+heap.FIRST_USE_MODULES = ("no_such_module_xwm",)
+logging.basicConfig(level=logging.WARNING)
+
+async def main():
+    with anyio.move_on_after(0.5):  # settle_heap runs for the server's life: it must not have ended
+        await heap.settle_heap(lambda: True)
+        raise AssertionError("settle_heap returned")
+
+anyio.run(main)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "could not load" in done.stderr and "no_such_module_xwm" in done.stderr

@@ -89,6 +89,13 @@ def test_presets_merge_with_configured_entries(tmp_path):
     assert entries["gemini"].model == "gemini-2.5-flash" and enabled == {"codex", "gemini"}
 
 
+def test_a_null_in_a_preset_entry_turns_the_preset_value_off(tmp_path):
+    entries, _ = provider_configs(load_config(write(tmp_path, "providers:\n  gemini: {modelFlag: null}\n")))
+    assert (entries["gemini"].command, entries["gemini"].args, entries["gemini"].model_flag) == ("gemini", ["--acp"], None)
+    with pytest.raises(ConfigError, match=r"providers\.codex\.command: required \(it is given as null\)"):
+        provider_configs(load_config(write(tmp_path, "providers:\n  codex: {command: null}\n")))
+
+
 def test_a_custom_acp_provider_needs_a_command(tmp_path):
     with pytest.raises(ConfigError, match=r"providers\.mine\.command"):
         provider_configs(load_config(write(tmp_path, "providers:\n  mine: {label: Mine}\n")))
@@ -146,3 +153,31 @@ def test_keys_may_use_their_python_names_and_an_empty_preset_entry_is_the_preset
     entries, _ = provider_configs(config)
     assert entries["codex"].command == "codex-acp"
 
+
+
+def test_tokens_from_the_environment_replace_the_file_s_in_either_spelling_and_never_vanish(tmp_path, monkeypatch):
+    path = write(tmp_path, "auth_tokens: [file-token]\n")
+    monkeypatch.setenv("BRIDGE_AUTH_TOKEN", "env-token")
+    assert [t.token for t in load_config(path).auth_tokens] == ["env-token"]
+    monkeypatch.setenv("BRIDGE_AUTH_TOKEN", " , ")  # would have turned authentication off
+    with pytest.raises(ConfigError, match=r"^environment variable BRIDGE_AUTH_TOKEN: no value in it"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("authTokens: [a, {name: token-1, token: b}]\n", "authTokens: two tokens are named 'token-1'"),
+    ("'-': /etc\n", "-: unknown key"),
+    ("profile_dir: /etc\n", "profile_dir: unknown key"),
+    ("a: " + "[" * 600 + "]" * 600 + "\n", "nested too deeply"),
+])  # fmt: skip
+def test_inputs_that_would_weaken_or_break_the_bridge_are_refused(tmp_path, text, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert str(err.value).startswith(f"{tmp_path / 'cfg.yaml'}: {message}")
+
+
+def test_strings_that_pydantic_read_as_booleans_and_numbers_still_are(tmp_path, monkeypatch):
+    monkeypatch.setenv("XWM_TEST_INSECURE", "yes")
+    monkeypatch.setenv("XWM_TEST_PORT", "8080\r")  # a CRLF env file
+    config = load_config(write(tmp_path, "allowInsecureNoAuth: '${XWM_TEST_INSECURE}'\nport: '${XWM_TEST_PORT}'\n"))
+    assert config.allow_insecure_no_auth is True and config.port == 8080

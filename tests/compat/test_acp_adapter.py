@@ -19,7 +19,6 @@ from compat._process import child_env
 from compat.acp import UNMAPPED_UPDATE_KINDS, AcpAdapter, AcpSession
 from compat.base import Attachment, PlanEvent, StatusEvent, ThoughtDelta, ToolCallEvent, TurnOutcome, UsageEvent
 from compat.presets import PRESETS, find_command, with_preset
-from compat.settings import ProviderConfig
 
 from .conftest import AgentFactory, RecordingSink, process_alive, read_log, received, turn_request, wait_gone, wait_log
 
@@ -493,8 +492,10 @@ def test_presets_name_the_agents_and_fill_missing_fields() -> None:
         "claude": ("claude-agent-acp", [], "Claude"),
     }  # fmt: skip
     assert PRESETS["gemini"].model_flag == "-m"
-    filled = with_preset("gemini", ProviderConfig(model="gemini-2.5-flash"))
-    assert (filled.command, filled.args, filled.model) == ("gemini", ["--acp"], "gemini-2.5-flash")
+    filled = with_preset("gemini", {"model": "gemini-2.5-flash", "modelFlag": None})
+    assert filled == {"model": "gemini-2.5-flash", "modelFlag": None, "command": "gemini", "args": ["--acp"],
+                      "label": "Gemini"}  # a null stays null: the preset's -m is off  # fmt: skip
+    assert with_preset("mine", {"command": "x"}) == {"command": "x"}
 
 
 def test_find_command_looks_on_path_then_in_the_agents_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

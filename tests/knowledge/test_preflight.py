@@ -117,10 +117,13 @@ async def test_a_disallowed_request_source_is_invalid_params(source: dict[str, A
 
 async def test_a_malformed_request_source_is_invalid_params_naming_the_field() -> None:
     data = await rejected({"knowledgeSources": [{"id": "a", "protocol": "llmwiki-http"}]}, request_sources=POLICY)
-    assert data["errors"] == [{"loc": "knowledgeSources.0.url", "type": "invalid", "msg": "a llmwiki-http source needs url"}]
+    assert data["errors"] == [{"loc": "knowledgeSources.0.url", "type": "value_error",
+                               "msg": "a llmwiki-http source needs url"}]  # fmt: skip
     data = await rejected({"knowledgeSources": [{"id": "a", "protocol": "mcp", "url": "http://x", "token": "t"}]},
                           request_sources=POLICY)  # fmt: skip
-    assert data["errors"] == [{"loc": "knowledgeSources.0.token", "type": "unknown_key", "msg": "unknown key"}]
+    assert data["errors"] == [{"loc": "knowledgeSources.0.token", "type": "extra_forbidden", "msg": "unknown key"}]
+    data = await rejected({"knowledgeSources": [{"id": "a", "url": "http://x"}]}, request_sources=POLICY)
+    assert data["errors"] == [{"loc": "knowledgeSources.0.protocol", "type": "missing", "msg": "missing required key"}]
 
 
 async def test_duplicate_request_source_ids_are_invalid_params(tmp_path: Path) -> None:

@@ -70,11 +70,15 @@ def test_an_invalid_profile_is_reported_with_its_profile_and_key(raw: object, ex
 
 def test_variables_are_expanded_and_the_message_may_go_to_a_script_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROFILE_TEST_KEY", "k-123")
-    profile = ProfileConfig(command="bash", args=["run.sh", "{{MESSAGE}}"], env={"KEY": "${PROFILE_TEST_KEY}"},
-                            max_concurrent=2)  # fmt: skip
-    assert profile.env == {"KEY": "k-123"} and profile.max_concurrent == 2
-    raw = {"command": "bash", "args": ["${PROFILE_TEST_KEY}"], "maxConcurrent": 3}  # camelCase is accepted too
-    assert parse_profile("profiles.bot", raw).args == ["k-123"] and parse_profile("profiles.bot", raw).max_concurrent == 3
+    raw = {"command": "bash", "args": ["run.sh", "{{MESSAGE}}"], "env": {"KEY": "${PROFILE_TEST_KEY}"},
+           "maxConcurrent": 2}  # camelCase is accepted too  # fmt: skip
+    profile = parse_profile("profiles.bot", raw)
+    assert profile.env == {"KEY": "k-123"} and profile.max_concurrent == 2 and profile.args == ["run.sh", "{{MESSAGE}}"]
+    # a value is expanded once: a variable's own ${...} text stays as it is
+    monkeypatch.setenv("PROFILE_TEST_INDIRECT", "${PROFILE_TEST_KEY}")
+    assert parse_profile("profiles.bot", {"command": "${PROFILE_TEST_INDIRECT}"}).command == "${PROFILE_TEST_KEY}"
+    monkeypatch.setenv("PROFILE_TEST_BLANK", " ")
+    assert _error({"command": "${PROFILE_TEST_BLANK}"}).startswith("profiles.bot.command: must not be empty")
 
 
 def test_profiles_and_providers_share_one_id_space(tmp_path: Path) -> None:
