@@ -19,7 +19,8 @@ import yaml
 
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.profile_settings import ProfileConfig, ProfileConfigError, parse_profiles
-from compat.settings import FieldInvalid, Limits, ProviderConfig, Seconds, Settings, SettingsError, Timeouts, convert
+from compat.settings import (FieldInvalid, Limits, ProviderConfig, Seconds, Settings, SettingsError, Timeouts, convert,
+                             snake_case)
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
 DEFAULT_FILE = "xworkmate-bridge.yaml"
@@ -171,10 +172,10 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
                 raise ConfigError(f"{given_by[key]}: no value in it, only commas and blanks")
     for key, value in (overrides or {}).items():
         if value is not None:
-            data[key], given_by[key] = value, "flag --" + _snake(key).replace("_", "-")
+            data[key], given_by[key] = value, "flag --" + snake_case(key).replace("_", "-")
     for key in given_by:
-        if _snake(key) != key:
-            data.pop(_snake(key), None)  # the file's snake_case spelling of a key set elsewhere
+        if snake_case(key) != key:
+            data.pop(snake_case(key), None)  # the file's snake_case spelling of a key set elsewhere
     base = file.resolve().parent if file else Path.cwd()
     _split_profiles(data, base, source)
     if isinstance(data.get("providers"), dict):
@@ -190,10 +191,6 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             origin = given_by.get(p.loc.partition(".")[0])
             lines.append(f"{origin}: {p.msg}" if origin else f"{source}: {p.loc or '(top level)'}: {p.msg}")
         raise ConfigError("\n".join(lines)) from exc
-
-
-def _snake(key: str) -> str:
-    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
 
 
 _ENV_KEYS = (

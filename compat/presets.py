@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from compat.settings import ProviderConfig
+from compat.settings import ProviderConfig, snake_case
 
 PRESETS: Mapping[str, ProviderConfig] = {
     "codex": ProviderConfig(command="codex-acp", args=[], label="Codex"),
@@ -43,9 +43,8 @@ def with_preset(provider_id: str, raw: Mapping[str, Any] | None) -> Any:
         return raw
     entry = dict(raw or {})
     for key in PRESET_KEYS:
-        snake = re.sub(r"([A-Z])", r"_\1", key).lower()
-        if key not in entry and snake not in entry:
-            entry[key] = msgspec.to_builtins(getattr(preset, snake))
+        if key not in entry and snake_case(key) not in entry:
+            entry[key] = msgspec.to_builtins(getattr(preset, snake_case(key)))
     return entry
 
 

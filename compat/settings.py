@@ -139,6 +139,11 @@ _BOOLS = {**dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
 """The strings pydantic's lax mode reads as booleans."""
 
 
+def snake_case(key: str) -> str:
+    """``modelFlag`` → ``model_flag``: a camelCase key's Python name."""
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
+
 def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
