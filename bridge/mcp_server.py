@@ -117,11 +117,6 @@ class McpApp:
             finally:
                 tg.cancel_scope.cancel()
 
-    async def wait_ready(self) -> None:
-        """Return once the MCP surface serves (after its first request started it)."""
-        if self._ready is not None:
-            await self._ready.wait()
-
     async def _run(self, wanted: anyio.Event, ready: anyio.Event) -> None:
         await wanted.wait()
         await anyio.to_thread.run_sync(_import_mcp)  # off the event loop: other requests go on

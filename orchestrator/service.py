@@ -78,8 +78,6 @@ class Orchestrator:
         self._tg: TaskGroup | None = None
         self._running = anyio.Semaphore(limits.max_running_turns)
         self._capabilities: tuple[Any, dict[str, Any]] | None = None
-        self.probed: anyio.Event | None = None
-        """Set once the probes started with the orchestrator have finished (``__aenter__``)."""
 
     @property
     def idle(self) -> bool:
@@ -93,15 +91,8 @@ class Orchestrator:
         await self.registry.start(self._tg)
         self._tg.start_soon(self._sweep_sessions)
         self._log_start()
-        self.probed = anyio.Event()
-        self._tg.start_soon(self._probe_at_start, self.probed)
+        self._tg.start_soon(self.registry.probe_all)
         return self
-
-    async def _probe_at_start(self, done: anyio.Event) -> None:
-        try:
-            await self.registry.probe_all()
-        finally:
-            done.set()
 
     def _log_start(self) -> None:
         for root in self.roots:
