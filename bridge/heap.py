@@ -1,5 +1,6 @@
-"""The garbage collector around start-up: off while the bridge builds what lives until exit,
-then that heap frozen out of the collector's reach, and frozen again when more code has loaded.
+"""The garbage collector: off while the bridge builds what lives until exit, then that heap
+frozen out of the collector's reach (and frozen again when more code has loaded), and full
+collections moved off the streaming path.
 
 bridge.cli calls :func:`pause_gc_for_start` before importing anything heavy, so this module
 imports only the standard library at the top.
@@ -11,10 +12,14 @@ import gc
 import importlib
 import logging
 import sys
+import time
 from typing import Callable
 
 SETTLE_INTERVAL = 2.0
 """Seconds between two checks of :func:`settle_heap`."""
+FULL_COLLECTION_PERIOD = 60.0
+"""Seconds, at most, between two full collections while turns run (see :func:`settle_heap`)."""
+_NO_AUTOMATIC_FULL = 1 << 30  # generation-2 threshold no count reaches: CPython never starts one
 FIRST_USE_MODULES = ("orchestrator.models", "compat.knowledge.params", "psutil")
 """What the first requests would import on the event loop (pydantic and the params models: ~60 ms;
 psutil with the first agent: ~6 ms), imported ahead by :func:`settle_heap` in a worker thread."""
@@ -59,6 +64,17 @@ async def settle_heap(idle: Callable[[], bool]) -> None:
     (bench case 4: one 20 ms stall in the middle of 100 streaming sessions, right where the
     start-up probes ended). Frozen objects are never collected, so only code that stays loaded
     should be frozen, not live sessions: another reason to wait for a quiet moment.
+
+    Full (generation 2) collections are this loop's too, for the same reason: CPython starts one
+    whenever objects promoted since the last outnumber a quarter of the old ones, which right
+    after the freeze means as soon as the first sessions' state (tasks, cancel scopes, pipes:
+    ~700 objects per streaming ACP session) has aged. With 100 sessions streaming that was one
+    20-37 ms pause 3 s into their turns, and the ~150 chunks in flight behind it set the delay's
+    p99 (bench case 4: 5-10 ms with it, 1.6-1.8 ms without, same runs otherwise). So while this
+    runs CPython keeps the young collections (which free nearly all per-chunk garbage) and this
+    loop runs the full one: at the first check with no turn running, and at the latest
+    :data:`FULL_COLLECTION_PERIOD` seconds after the previous one, which bounds the cyclic
+    garbage it can hold. Either only when a young collection promoted something since.
     """
     import anyio
     import anyio.to_thread
@@ -68,11 +84,20 @@ async def settle_heap(idle: Callable[[], bool]) -> None:
     except Exception as exc:  # only an optimisation: the first request imports what it needs (and reports it)
         logging.getLogger(__name__).warning("could not load %s ahead of use: %r", FIRST_USE_MODULES, exc)
     frozen = 0
-    while True:
-        if len(sys.modules) != frozen and idle():
-            freeze_heap(collect=True)
-            frozen = len(sys.modules)
-        await anyio.sleep(SETTLE_INTERVAL)
+    young0, young1, automatic = gc.get_threshold()
+    gc.set_threshold(young0, young1, _NO_AUTOMATIC_FULL)
+    last_full = time.monotonic()
+    try:
+        while True:
+            if len(sys.modules) != frozen and idle():
+                freeze_heap(collect=True)
+                frozen, last_full = len(sys.modules), time.monotonic()
+            elif gc.get_count()[2] and (idle() or time.monotonic() - last_full >= FULL_COLLECTION_PERIOD):
+                gc.collect()
+                last_full = time.monotonic()
+            await anyio.sleep(SETTLE_INTERVAL)
+    finally:
+        gc.set_threshold(young0, young1, automatic)
 
 
 def _import_first_use_modules() -> None:

@@ -90,3 +90,49 @@ anyio.run(main)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "could not load" in done.stderr and "no_such_module_xwm" in done.stderr
+
+
+def test_full_collections_wait_for_a_quiet_moment_or_the_period(tmp_path):
+    """While turns run, CPython starts no full collection however many objects age (bench case 4:
+    one was a 20-37 ms stall for every stream); settle_heap runs it when no turn runs, and
+    ``FULL_COLLECTION_PERIOD`` after the last one at the latest. The young ones stay automatic."""
+    script = """
+import gc, sys, time, anyio
+from bridge import heap
+heap.SETTLE_INTERVAL = 0.01
+heap.FIRST_USE_MODULES = ()
+heap.FULL_COLLECTION_PERIOD = 3600.0
+full, young = [], []
+gc.callbacks.append(lambda phase, info: phase == "stop" and (full if info["generation"] == 2 else young).append(1))
+idle = [False]
+kept = []
+
+def age_objects(count):  # enough survivors for several generation-1 collections
+    kept.extend([[]] * 1 for _ in range(count))
+
+async def main():
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heap.settle_heap, lambda: idle[0])
+        await anyio.sleep(0.05)
+        full.clear()
+        with anyio.fail_after(30):
+            for _ in range(20):
+                age_objects(50_000)
+                await anyio.sleep(0.01)
+            assert young and not full, (len(young), len(full))  # busy: the young ones only
+            idle[0] = True
+            while not full:
+                await anyio.sleep(0.01)
+            idle[0] = False
+            full.clear()
+            heap.FULL_COLLECTION_PERIOD = 0.05
+            age_objects(50_000)
+            while not full:  # busy, but the period has passed
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert gc.get_threshold()[2] == 10, gc.get_threshold()  # CPython's own rule is back
+
+anyio.run(main)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
