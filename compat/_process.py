@@ -15,8 +15,9 @@ the snapshot walks ``/proc/<pid>/task/<tid>/children`` from the leader down (a f
 on the event loop); elsewhere it reads the whole process table in a worker thread.
 
 The caller hosts the pumps: it runs :meth:`AgentProcess.pump_stderr` in a task group it owns and
-calls :meth:`AgentProcess.receive_line` from its reader. Between pumps, asyncio keeps buffering
-the pipes (up to about 128 KiB each), so a briefly idle reader never blocks the child.
+reads stdout with :meth:`AgentProcess.read_lines` (or :meth:`AgentProcess.receive_line`). Between
+pumps the pipes keep buffering (up to about 128 KiB each), so a briefly idle reader never blocks
+the child.
 
 Secrets in stderr: the tail is redacted as a whole and only then cut to the size a client sees,
 and every cut starts on a line boundary (:func:`cut_tail`), so no part of a secret that a cut
@@ -42,10 +43,10 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 import anyio.to_thread
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.rpc.redact import redact, register_env_secrets
 from compat._child import PidfdProcess, pidfd_works
+from compat._lines import LineConsumer, LineReader
 
 if TYPE_CHECKING:  # psutil is imported with the first child, not at start (~6 ms, bench case 6)
     import psutil
@@ -101,14 +102,6 @@ class SpawnError(Exception):
         self.command = command
         self.reason = reason
         super().__init__(f"cannot start {command!r}: {reason}")
-
-
-class LineTooLong(Exception):
-    """A stdout line (or unterminated data) exceeded the configured bound."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        super().__init__(f"agent stdout line longer than {limit} bytes")
 
 
 def child_env(
@@ -203,8 +196,7 @@ class AgentProcess:
         self.pid = process.pid  # also the process-group id: start_new_session makes it a leader
         self._process = process
         assert process.stdout is not None and process.stderr is not None
-        self._stdout = BufferedByteReceiveStream(process.stdout)
-        self._max_line = max_line_bytes
+        self._stdout = LineReader(process.stdout, max_line_bytes)
         self._tail = bytearray()
         self._tail_bytes = stderr_tail_bytes
         self._tail_cut = False  # the ring dropped bytes: its first line may be partial
@@ -281,21 +273,16 @@ class AgentProcess:
             anyio.EndOfStream: stdout is closed and no data is left. An unterminated final line
                 is returned first.
         """
-        try:
-            # limit + 1 lets a line of exactly `limit` bytes wait for its newline.
-            line = await self._stdout.receive_until(b"\n", self._max_line + 1)
-        except anyio.DelimiterNotFound:
-            raise LineTooLong(self._max_line) from None
-        except anyio.IncompleteRead:
-            line = self._stdout.buffer
-            if not line:
-                raise anyio.EndOfStream from None
-            await self._stdout.receive(len(line))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise anyio.EndOfStream from None
-        if len(line) > self._max_line:
-            raise LineTooLong(self._max_line)
-        return line[:-1] if line.endswith(b"\r") else line
+        return await self._stdout.receive_line()
+
+    async def read_lines(self, consumer: LineConsumer) -> None:
+        """Hand every stdout line to ``consumer`` as it arrives, until end of file; cancel to
+        stop (see :meth:`compat._lines.LineReader.read_lines`).
+
+        Raises:
+            LineTooLong: A line, or unterminated data, passed ``max_line_bytes``.
+        """
+        await self._stdout.read_lines(consumer)
 
     async def send(self, data: bytes) -> None:
         """Write to stdin. Callers serialize writes.

@@ -37,7 +37,8 @@ import anyio
 import msgspec
 
 from bridge.rpc.redact import redact
-from compat._process import AgentProcess, LineTooLong, SpawnError, spawn
+from compat._lines import LineTooLong
+from compat._process import AgentProcess, SpawnError, spawn
 from compat._profile_protocol import (
     Body,
     ClaudeStreamParser,

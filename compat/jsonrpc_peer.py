@@ -28,7 +28,8 @@ import anyio.abc
 import orjson
 
 from bridge.rpc.redact import redact
-from compat._process import AgentProcess, LineTooLong
+from compat._lines import LineTooLong
+from compat._process import AgentProcess
 
 logger = logging.getLogger(__name__)
 
@@ -196,20 +197,21 @@ class JsonRpcPeer:
             tg.cancel_scope.cancel()  # handlers cannot answer a closed peer
 
     async def _read_loop(self, tg: anyio.abc.TaskGroup) -> None:
-        while self._error is None:
-            try:
-                line = await self.process.receive_line()
-            except LineTooLong as exc:
-                self._stdout_ended.set()
-                self._fail(PeerProtocolError(str(exc)))
-            except anyio.EndOfStream:
-                self._stdout_ended.set()
-                code = await self.process.wait(_EXIT_WAIT)
-                await self.process.wait_stderr_eof(_STDERR_WAIT)
-                self._fail(PeerClosed(code, self.process.stderr_tail(self._tail_bytes)))
-            else:
+        def on_line(line: bytes) -> None:
+            if self._error is None:
                 self._lines += 1
                 self._dispatch(line, tg)
+
+        try:
+            await self.process.read_lines(on_line)
+        except LineTooLong as exc:
+            self._stdout_ended.set()
+            self._fail(PeerProtocolError(str(exc)))
+            return
+        self._stdout_ended.set()
+        code = await self.process.wait(_EXIT_WAIT)
+        await self.process.wait_stderr_eof(_STDERR_WAIT)
+        self._fail(PeerClosed(code, self.process.stderr_tail(self._tail_bytes)))
 
     async def _end_after_exit(self, reading: anyio.CancelScope) -> None:
         """Once the leader exited, let the reader take what the pipes still hold, then end."""
