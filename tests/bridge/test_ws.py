@@ -163,13 +163,17 @@ class FakeSocket:
     Args:
         stall: sends never complete (a client that stopped reading).
         fail_with: sends raise this (a peer that left).
+        hold: sends wait until this event is set (``holding`` is set once one waits).
     """
 
-    def __init__(self, *, stall: bool = False, fail_with: BaseException | None = None) -> None:
+    def __init__(
+        self, *, stall: bool = False, fail_with: BaseException | None = None, hold: anyio.Event | None = None
+    ) -> None:  # fmt: skip
         self.inbound_tx, self._inbound = anyio.create_memory_object_stream[dict](100)
         self.sent: list[dict] = []
         self.wrote = anyio.Event()
-        self.stall, self.fail_with = stall, fail_with
+        self.holding = anyio.Event()
+        self.stall, self.fail_with, self.hold = stall, fail_with, hold
 
     def frame(self, message: Any) -> None:
         self.inbound_tx.send_nowait({"type": "websocket.receive", "text": json.dumps(message)})
@@ -185,6 +189,9 @@ class FakeSocket:
             raise self.fail_with
         if self.stall:
             await anyio.sleep_forever()
+        if self.hold is not None and not self.hold.is_set():  # a full socket buffer, until released
+            self.holding.set()
+            await self.hold.wait()
         self.sent.append(message)
         self.wrote.set()
 
@@ -216,12 +223,37 @@ async def test_a_client_that_stops_reading_is_dropped_without_stalling_the_produ
 
 
 async def test_overflow_sends_close_1013_when_the_socket_can_still_write(handlers):
-    sock = FakeSocket()
-    sock.frame(request("test.stream", {"n": 3, "burst": True}, 1))  # queued before the writer runs
+    hold = anyio.Event()
+    sock = FakeSocket(hold=hold)  # the first send waits: the rest of the burst is queued
+    sock.frame(request("test.stream", {"n": 4, "burst": True}, 1))
     connection = Connection(sock, handlers.dispatcher(), "local", queue_size=2)
-    with anyio.fail_after(WAIT):
-        await connection.run()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connection.run)
+        with anyio.fail_after(WAIT):
+            await sock.holding.wait()
+            hold.set()  # the socket can write again: the close frame goes out
     assert sock.sent[-1] == {"type": "websocket.close", "code": 1013}
+
+
+async def test_updates_go_out_in_order_while_a_send_waits_for_the_socket(handlers):
+    """A send that has to wait for the socket hands over to the writer: what is produced
+    meanwhile is queued and follows it, in ``seq`` order."""
+    hold = anyio.Event()
+    sock = FakeSocket(hold=hold)
+    sock.frame(request("test.stream", {"n": 5, "burst": True}, 1))
+    connection = Connection(sock, handlers.dispatcher(), "local", queue_size=8)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connection.run)
+        with anyio.fail_after(WAIT):
+            await sock.holding.wait()
+            hold.set()
+            while len(sock.sent) < 6:  # five updates and the reply
+                await sock.wrote.wait()
+                sock.wrote = anyio.Event()
+        sock.disconnect()
+    sent = [json.loads(m["text"]) for m in sock.sent]
+    assert [m["seq"] for m in sent] == list(range(6))
+    assert [m.get("params", {}).get("i") for m in sent[:5]] == list(range(5)) and sent[5]["id"] == 1
 
 
 @pytest.mark.parametrize("error", [WebSocketDisconnected("gone"), WebSocketDisconnect(1006), OSError("reset"),
