@@ -102,14 +102,14 @@ class AcpConnection:
         return [m for m in methods if isinstance(m, dict)] if isinstance(methods, list) else []
 
     async def attach(self, tg: anyio.abc.TaskGroup) -> None:
-        """Run the stdout reader and the stderr pump in ``tg`` until its scope is cancelled."""
-        await tg.start(self._serve)
+        """Run the stdout reader and the stderr pump in ``tg`` until its scope is cancelled.
 
-    async def _serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.process.pump_stderr)
-            await tg.start(self.peer.run)
-            task_status.started()
+        They start with the next pass of the event loop, without waiting for them: what the
+        agent writes meanwhile waits in its pipes. Each wait was one more pass before the first
+        request, and in a start storm a pass takes tens of milliseconds (bench case 4).
+        """
+        tg.start_soon(self.process.pump_stderr)
+        tg.start_soon(self.peer.run)
 
     async def initialize(self) -> dict[str, Any]:
         """ACP ``initialize`` with no fs or terminal capabilities, bounded by

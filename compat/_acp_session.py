@@ -57,7 +57,7 @@ class AcpSession:
         self._acp_cwd: str | None = None
         self._models = ModelState(adapter.config.model_flag)
         self._turn: TurnState | None = None
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)  # uncontended: no extra pass of the loop
         self._closed = False
         self._idle_since: float | None = None
         self._idle_wake: anyio.Event | None = None

@@ -30,11 +30,33 @@ from collections.abc import Callable, Mapping, Sequence
 import anyio
 import anyio.abc
 import anyio.to_thread
+from anyio.lowlevel import RunVar
 
 _READ_CHUNK = 65536  # bytes per receive, as anyio's process streams
 _READ_LIMIT = 2**17
 """Bytes a read pipe buffers unread before its transport pauses, as asyncio's ``StreamReader``
 with the default limit that ``anyio.open_process`` uses (lines are bounded separately)."""
+
+
+SPAWN_THREADS = 256
+"""Children that may be starting at once, each holding a worker thread until it reaches ``exec``.
+
+Not anyio's default 40 threads, which other work shares: under a start storm a child waits tens
+of milliseconds for a CPU before its ``exec``, so 40 at a time queued the 100th start about
+750 ms behind the first (bench case 4, 100 sessions started at once), and those late agents
+started streaming while the early ones' updates were already being relayed. A waiting thread
+costs no CPU and little memory."""
+_SPAWN_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("compat._child spawn limiter")
+
+
+def _spawn_limiter() -> anyio.CapacityLimiter:
+    """The event loop's limiter for :data:`SPAWN_THREADS` (a ``RunVar``: one per loop)."""
+    try:
+        return _SPAWN_LIMITER.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(SPAWN_THREADS)
+        _SPAWN_LIMITER.set(limiter)
+        return limiter
 
 
 def pidfd_works() -> bool:
@@ -206,7 +228,7 @@ class PidfdProcess(anyio.abc.Process):
         Raises:
             OSError: the command or ``cwd`` is missing or not executable (from ``Popen``).
         """
-        popen, ours = await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env)
+        popen, ours = await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env, limiter=_spawn_limiter())
         # The thread is not abandoned on cancellation, so a started child always gets here; a
         # cancellation pending meanwhile raises at the first await below, and the child is reaped.
         loop = asyncio.get_running_loop()

@@ -111,7 +111,9 @@ class JsonRpcPeer:
         self._notifications: dict[str, NotificationHandler] = {}
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
-        self._write_lock = anyio.Lock()
+        # fast_acquire: an uncontended write must not cost a pass of the event loop; a turn's
+        # start writes three requests, each delayed by a whole pass in a start storm.
+        self._write_lock = anyio.Lock(fast_acquire=True)
         self._error: PeerError | None = None
         self._busy = 0
         self._idle = anyio.Event()

@@ -76,7 +76,7 @@ class Orchestrator:
         self.knowledge = knowledge  # the knowledge service (an async context manager), if any
         self._sessions: dict[str, Session] = {}
         self._tg: TaskGroup | None = None
-        self._running = anyio.Semaphore(limits.max_running_turns)
+        self._running = anyio.Semaphore(limits.max_running_turns, fast_acquire=True)  # no extra loop pass per turn
         self._capabilities: tuple[Any, dict[str, Any]] | None = None
 
     @property

@@ -201,3 +201,26 @@ def test_a_start_interrupted_while_connecting_its_pipes_closes_them_and_kills_th
     assert left_open == set()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped already, not a zombie of ours
+
+
+async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
+    """Children start on threads of their own (``SPAWN_THREADS``): with anyio's default 40 all
+    busy (here: blocked), an agent still starts (bench case 4: 100 sessions at once queued the
+    last start ~750 ms behind the first)."""
+    import threading
+
+    release = threading.Event()
+    busy = anyio.to_thread.current_default_thread_limiter().total_tokens
+    async with anyio.create_task_group() as tg:
+        try:
+            for _ in range(int(busy)):
+                tg.start_soon(anyio.to_thread.run_sync, release.wait)
+            with anyio.fail_after(WAIT):
+                while anyio.to_thread.current_default_thread_limiter().borrowed_tokens < busy:
+                    await anyio.sleep(0.01)
+                child = await PidfdProcess.start([sys.executable, "-c", "pass"], stdin_pipe=False, cwd=None,
+                                                 env=child_env())  # fmt: skip
+                assert await child.wait() == 0
+                await child.aclose()
+        finally:
+            release.set()  # the blocked threads cannot be cancelled: let them end
