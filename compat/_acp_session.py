@@ -108,10 +108,10 @@ class AcpSession:
     async def _run(self, turn: TurnState) -> TurnOutcome:
         outcome: TurnOutcome | None = None
         with anyio.move_on_after(self._timeouts.turn_timeout):
-            async with anyio.create_task_group() as host:  # hosts the agent's pumps
+            async with anyio.create_task_group() as host:  # the agent's pumps, unless hosted for good
                 outcome = await self._supervise(turn, host)
                 turn.cancel_permissions()
-                if self._conn is not None:
+                if self._conn is not None and not self._conn.hosted:
                     await self._conn.peer.wait_idle(_DETACH_BOUND)
                 host.cancel_scope.cancel()
         if outcome is not None:
@@ -200,14 +200,16 @@ class AcpSession:
             await self._drop_conn()
             conn = None
         if conn is not None:
-            await conn.attach(host)
+            if not conn.hosted:
+                await conn.attach(host)
             return conn
         launch_model = model if self._config.model_flag and model else None
         with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
             conn = self._conn = await self._adapter.start_connection(
                 cwd, launch_model, self._on_update, self._on_permission
             )
-        await conn.attach(host)
+        if not self._adapter.host_connection(conn):
+            await conn.attach(host)
         await conn.initialize()
         return conn
 

@@ -160,6 +160,13 @@ class AcpAdapter:
             on_permission=on_permission,
         )
 
+    def host_connection(self, conn: AcpConnection) -> bool:
+        """Run ``conn``'s pumps for its whole life when the adapter runs as a service."""
+        if self._host is None:
+            return False
+        conn.host(self._host)
+        return True
+
     def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None:
         """Start the session's idle reaper when the adapter runs as a service."""
         if self._host is not None:

@@ -114,6 +114,22 @@ async def test_second_turn_reuses_the_process_and_the_acp_session(make_agent: Ag
     assert not second.context_reset and len(received(make_agent.log, "session/new")) == 1
 
 
+async def test_a_hosted_agent_is_answered_between_turns(make_agent: AgentFactory) -> None:
+    """Run as a service (as the bridge runs it), the adapter keeps each agent's pumps for the
+    process's life: a permission the agent asks right after answering its prompt is answered at
+    once (cancelled, or by the policy if the turn had not quite ended), not when a next turn
+    starts; attached per turn it would wait."""
+    adapter = make_agent("late-permission")
+    async with adapter:
+        session = adapter.open_session("s1")
+        outcome = await session.run_turn(turn_request("one"), RecordingSink())
+        assert outcome.status == "completed"
+        entry = await wait_log(make_agent.log, lambda e: e.get("event") == "late-permission")
+        assert entry["outcome"] in ({"outcome": "cancelled"}, {"outcome": "selected", "optionId": "ok"})
+        second = await session.run_turn(turn_request("two"), sink := RecordingSink())
+    assert second.status == "completed" and sink.text.endswith("echo: two")
+
+
 async def test_changed_working_directory_starts_a_new_acp_session_with_context_reset(
     make_agent: AgentFactory, tmp_path: Path
 ) -> None:

@@ -17,6 +17,8 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     ignore-cancel    streams forever and never answers the prompt once cancelled
     ignore-term      ignores SIGTERM and stdin EOF (only SIGKILL ends it)
     permission       asks session/request_permission, echoes which option it got
+    late-permission  after answering the prompt, asks session/request_permission (logged as
+                     ``late-permission`` with the outcome once the answer arrives)
     grandchild       starts `sleep 600` in its group, and with grandchild-setsid one that
                      escaped the group (both inherit our stdout); prompts behave like slow
     auth             session/new fails -32000 until `authenticate {methodId: "fake-key"}`
@@ -275,6 +277,14 @@ class FakeAgent:
             self.write(result, newline=False)
             os._exit(0)
         self.write(result)
+        if "late-permission" in self.modes:
+            threading.Thread(target=self.late_permission, args=(sid,), daemon=True).start()
+
+    def late_permission(self, sid: str) -> None:
+        tool_call = {"toolCallId": "t-late", "title": "Clean up", "kind": "delete", "status": "pending"}
+        params = {"sessionId": sid, "toolCall": tool_call, "options": [{"optionId": "ok", "name": "ok", "kind": "allow_once"}]}
+        response = self.ask("session/request_permission", params, "perm-late")
+        self.log(event="late-permission", outcome=response.get("result", {}).get("outcome"))
 
     def behave(self, sid: str, text: str, cancelled: threading.Event) -> str | None:
         modes = self.modes
