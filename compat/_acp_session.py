@@ -200,16 +200,15 @@ class AcpSession:
             await self._drop_conn()
             conn = None
         if conn is not None:
-            if not conn.hosted:
-                await conn.attach(host)
+            await conn.attach(host)
             return conn
         launch_model = model if self._config.model_flag and model else None
         with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
             conn = self._conn = await self._adapter.start_connection(
                 cwd, launch_model, self._on_update, self._on_permission
             )
-        if not self._adapter.host_connection(conn):
-            await conn.attach(host)
+        self._adapter.host_connection(conn)
+        await conn.attach(host)
         await conn.initialize()
         return conn
 

@@ -7,8 +7,8 @@ bounded and an unterminated final line is still delivered (#9), the child gets i
 group so a kill reaches launcher wrappers and grandchildren (#15), and every wait is bounded.
 
 Descendants that call ``setsid`` leave the group, and once the leader is reaped they are
-re-parented out of reach. So while the leader runs, :meth:`AgentProcess.pump_stderr` keeps a
-snapshot of its descendants (pid and start time, via psutil, refreshed about once a second and
+re-parented out of reach. So while the agent works, :meth:`AgentProcess.track_descendants` keeps
+a snapshot of its descendants (pid and start time, via psutil, refreshed about once a second and
 whenever the owner calls :meth:`AgentProcess.refresh_descendants`), and
 :meth:`AgentProcess.terminate` signals the group and every snapshot entry still running. On Linux
 the snapshot walks ``/proc/<pid>/task/<tid>/children`` from the leader down (a few small reads,
@@ -228,15 +228,17 @@ class AgentProcess:
         return text if max_bytes is None else cut_tail(text, max_bytes)
 
     async def pump_stderr(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+        self, *, track_descendants: bool = True,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:  # fmt: skip
         """Drain stderr into the bounded tail until EOF; run it in the caller's task group.
 
-        While the leader runs, this also keeps the snapshot of its descendants fresh (see
-        :meth:`refresh_descendants`); it returns once stderr is closed and the leader exited.
+        With ``track_descendants`` this also runs :meth:`track_descendants` meanwhile; it returns
+        once stderr is closed and the leader exited.
         """
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._track_descendants)
+            if track_descendants:
+                tg.start_soon(self.track_descendants)
             task_status.started()
             await self._drain_stderr()
 
@@ -308,7 +310,7 @@ class AgentProcess:
 
         Runs the process-table scan in a worker thread; entries that ended are dropped. Does
         nothing once the leader exited (its children were re-parented out of view). Owners call
-        it at turn boundaries; :meth:`pump_stderr` calls it about once a second.
+        it at turn boundaries; :meth:`track_descendants` calls it about once a second.
         """
         if self.returncode is None:
             if _PROC_CHILDREN:
@@ -335,7 +337,10 @@ class AgentProcess:
                     known[pid] = proc  # escaped: re-parented, yet still ours to end
             self._known = known
 
-    async def _track_descendants(self) -> None:
+    async def track_descendants(self) -> None:
+        """Keep the snapshot of the leader's descendants fresh (:meth:`refresh_descendants`) while
+        it runs: often at first, then about once a second. Runs until cancelled or the leader
+        exits; owners run it while the agent works (a turn) rather than while it idles."""
         for delay in itertools.chain(_SCAN_RAMP, itertools.repeat(_SCAN_EVERY)):
             if self.returncode is not None:
                 return
