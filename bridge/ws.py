@@ -235,6 +235,9 @@ class Connection:
             log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
             self._scope.cancel()
             return
+        except BaseException:
+            self._idle.set()  # whatever failed, the writer must not wait for this send forever
+            raise
         tg.start_soon(self._finish_send, send, awaited)
 
     async def _finish_send(self, send: Coroutine[Any, Any, None], awaited: Any) -> None:

@@ -135,7 +135,11 @@ class JsonRpcPeer:
         self._requests[method] = handler
 
     def on_notification(self, method: str, handler: NotificationHandler) -> None:
-        """Call ``handler(params)`` for incoming ``method`` notifications (it must not block)."""
+        """Call ``handler(params)`` for incoming ``method`` notifications.
+
+        Handlers run from the pipe's data callback as the line arrives (compat._lines), outside
+        any task: they must not block, and may use anyio only where no current task is needed.
+        """
         self._notifications[method] = handler
 
     async def request(self, method: str, params: Any = None, *, timeout: float | None) -> Any:
