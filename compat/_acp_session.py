@@ -260,7 +260,9 @@ class AcpSession:
         turn = self._turn
         raw = params.get("options")
         options = [o for o in raw if isinstance(o, dict)] if isinstance(raw, list) else []
-        if turn is None or turn.cancel_requested or not turn.prompt_sent:
+        # body_done: the prompt was answered; a request right behind that answer must not reach
+        # the client, who could never answer it before the turn's end cancels it.
+        if turn is None or turn.cancel_requested or not turn.prompt_sent or turn.body_done.is_set():
             return permission_outcome(None)
         policy = self._config.permission_policy
         if policy != "ask":

@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import orjson
@@ -128,6 +129,25 @@ async def test_a_hosted_agent_is_answered_between_turns(make_agent: AgentFactory
         assert entry["outcome"] in ({"outcome": "cancelled"}, {"outcome": "selected", "optionId": "ok"})
         second = await session.run_turn(turn_request("two"), sink := RecordingSink())
     assert second.status == "completed" and sink.text.endswith("echo: two")
+
+
+async def test_a_permission_asked_right_after_the_prompt_answer_is_not_forwarded(make_agent: AgentFactory) -> None:
+    """A request that arrives behind the prompt's answer is answered cancelled by the adapter: the
+    client must not be shown a permission it could never answer (the turn is ending)."""
+    adapter = make_agent("late-permission", permission_policy="ask")
+    async with adapter:
+        session = adapter.open_session("s1")
+        for turn in range(1, 6):  # the request often comes in the same read as the answer
+            sink = RecordingSink("ok")
+            assert (await session.run_turn(turn_request(f"turn {turn}"), sink)).status == "completed"
+            # answered before the next turn starts (a request arriving during a turn is that turn's)
+            await wait_log(make_agent.log, lambda e: len(late(make_agent.log)) >= turn)
+            assert sink.asked == []
+    assert late(make_agent.log) == [{"outcome": "cancelled"}] * 5
+
+
+def late(log: Path) -> list[Any]:
+    return [e["outcome"] for e in read_log(log) if e.get("event") == "late-permission"]
 
 
 async def test_changed_working_directory_starts_a_new_acp_session_with_context_reset(
