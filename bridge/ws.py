@@ -263,15 +263,18 @@ async def _resume(coroutine: Coroutine[Any, Any, None], awaited: Any) -> None:
     """Run ``coroutine``, stopped after yielding ``awaited`` to its first caller, to its end.
 
     ``awaited`` is what an ``await`` inside it handed to the event loop: an asyncio future to
-    wait for, or None for one pass of the loop. Should waiting fail (cancelled), the coroutine is
-    closed, so its ``finally`` blocks run.
+    wait for, or None for one pass of the loop. The future is waited for with ``asyncio.wait``,
+    not awaited: its ``await`` already started inside the coroutine (a second one raises "await
+    wasn't used with future"), and resuming the coroutine finishes that ``await``, with the
+    future's result or exception where the coroutine expects it. Should waiting fail
+    (cancelled), the coroutine is closed, so its ``finally`` blocks run.
     """
     try:
         while True:
             if awaited is None:
                 await asyncio.sleep(0)
             else:
-                await awaited
+                await asyncio.wait((awaited,))
             awaited = coroutine.send(None)
     except StopIteration:
         pass

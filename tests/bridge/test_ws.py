@@ -246,6 +246,7 @@ async def test_updates_go_out_in_order_while_a_send_waits_for_the_socket(handler
         tg.start_soon(connection.run)
         with anyio.fail_after(WAIT):
             await sock.holding.wait()
+            await anyio.wait_all_tasks_blocked()  # the send is still waiting when the rest is queued
             hold.set()
             while len(sock.sent) < 6:  # five updates and the reply
                 await sock.wrote.wait()
