@@ -11,6 +11,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from functools import partial
@@ -33,6 +34,9 @@ PROTOCOL_VERSION = 1
 AUTH_REQUIRED = -32000  # ACP's ErrorCode for "authentication required"
 CLIENT_INFO = {"name": "xworkmate-bridge", "title": "XWorkmate Bridge", "version": "0.1.0"}
 _CANCEL_WRITE_BOUND = 1.0  # seconds: a stuck stdin must not hold up a cancel
+_PUMP_FAILURE_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for an agent we can no longer read
+
+logger = logging.getLogger(__name__)
 
 
 class AcpConnection:
@@ -120,9 +124,14 @@ class AcpConnection:
 
     async def _run_pumps(self) -> None:
         with self._pumps:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(partial(self.process.pump_stderr, track_descendants=False))
-                tg.start_soon(self.peer.run)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(partial(self.process.pump_stderr, track_descendants=False))
+                    tg.start_soon(self.peer.run)
+            except Exception:  # never into the adapter's task group, which every session shares
+                logger.exception("pid %d: the agent's pumps failed; ending it", self.process.pid)
+                with anyio.CancelScope(shield=True):
+                    await self.process.terminate(_PUMP_FAILURE_GRACE)
 
     async def attach(self, tg: anyio.abc.TaskGroup) -> None:
         """Run, in ``tg`` until its scope is cancelled, what one use of the agent (a turn, a

@@ -1,8 +1,9 @@
 """Lines of a child's stdout, bounded, and handed over as the bytes arrive.
 
-Rules from field-failures.md #9: a line (without its ``\\n`` and a trailing ``\\r``) longer than
-the bound fails the stream with :class:`LineTooLong`, and so does unterminated data past it; an
-unterminated final line is still delivered at end of file.
+Rules from field-failures.md #9: a line whose bytes before its ``\\n`` (a ``\\r`` there included)
+pass the bound fails the stream with :class:`LineTooLong`, and so does unterminated data past it;
+an unterminated final line is still delivered at end of file. A trailing ``\\r`` is dropped from
+the line handed over.
 
 Two ways to take lines, one reader at a time: :meth:`LineReader.read_lines` hands each line to a
 callback from the pipe's own data callback when the source can push (``set_receiver``, see
@@ -39,7 +40,7 @@ class LineReader:
     Args:
         source: The child's stdout. With a ``set_receiver`` method (``PipeReceiveStream``) it
             pushes its bytes while someone reads; any other stream is pulled.
-        max_line: Bound for one line, in bytes, without its terminator.
+        max_line: Bound for one line, in bytes: what comes before its ``\\n``.
     """
 
     def __init__(self, source: anyio.abc.ByteReceiveStream, max_line: int) -> None:
@@ -64,7 +65,8 @@ class LineReader:
         context, with the async library named for anyio (sniffio finds it through the current
         task, which a data callback has not): ``anyio.Event()`` and ``TaskGroup.start_soon``
         work there, what needs a current task (cancel scopes) does not. Cancelling stops the
-        reading; bytes not yet handed over stay for the next reader.
+        reading once the cancellation reaches this task (lines arriving before that are still
+        handed over); bytes not yet handed over stay for the next reader.
 
         Raises:
             LineTooLong: A line passed the bound (the stream is unusable from then on).
@@ -195,6 +197,7 @@ class LineReader:
         if self._reading:
             raise RuntimeError("another task is already reading these lines")
         self._reading = True
+        self._raised = None  # a consumer's error whose reader was cancelled before raising it
 
 
 def _callback_context() -> contextvars.Context:

@@ -214,6 +214,13 @@ class JsonRpcPeer:
             self._stdout_ended.set()
             self._fail(PeerProtocolError(str(exc)))
             return
+        except Exception:
+            # A bug of ours on some agent output: it must end this agent's peer, never the task
+            # group that hosts it (the adapter's, shared by every session, when hosted).
+            logger.exception("pid %d: reading the agent's output failed", self.process.pid)
+            self._stdout_ended.set()
+            self._fail(PeerProtocolError("internal error reading the agent's output"))
+            return
         self._stdout_ended.set()
         code = await self.process.wait(_EXIT_WAIT)
         await self.process.wait_stderr_eof(_STDERR_WAIT)
@@ -366,5 +373,5 @@ def _decode(line: bytes) -> Any:
     except orjson.JSONDecodeError:
         try:
             return json.loads(line.decode("utf-8", "replace"))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the stack, e.g. "[" * 2000
             return None

@@ -131,6 +131,26 @@ async def test_a_hosted_agent_is_answered_between_turns(make_agent: AgentFactory
     assert second.status == "completed" and sink.text.endswith("echo: two")
 
 
+async def test_a_line_an_agent_writes_between_turns_never_reaches_the_other_sessions(
+    make_agent: AgentFactory,
+) -> None:
+    """Hosted pumps run in the adapter's task group, which every session shares: a line no parser
+    can take (3000 nested brackets) is skipped, and nothing it raises may end that group."""
+    adapter = make_agent("nested-after")
+    async with adapter:
+        first = adapter.open_session("s1")
+        assert (await first.run_turn(turn_request("one"), RecordingSink())).status == "completed"
+        await wait_log(make_agent.log, lambda e: e.get("event") == "nested")
+        conn = first._conn
+        assert conn is not None
+        with anyio.fail_after(5):
+            while conn.peer.skipped_lines < 1:  # read and skipped by the hosted reader
+                await anyio.sleep(0.01)
+        other = adapter.open_session("s2")
+        assert (await other.run_turn(turn_request("two"), sink := RecordingSink())).status == "completed"
+        assert sink.text.endswith("echo: two") and conn.alive
+
+
 async def test_a_permission_asked_right_after_the_prompt_answer_is_not_forwarded(make_agent: AgentFactory) -> None:
     """A request that arrives behind the prompt's answer is answered cancelled by the adapter: the
     client must not be shown a permission it could never answer (the turn is ending)."""

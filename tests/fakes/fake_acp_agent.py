@@ -19,6 +19,7 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     permission       asks session/request_permission, echoes which option it got
     late-permission  after answering the prompt, asks session/request_permission (logged as
                      ``late-permission`` with the outcome once the answer arrives)
+    nested-after     after answering the prompt, writes a line of 3000 "[" (logged ``nested``)
     grandchild       starts `sleep 600` in its group, and with grandchild-setsid one that
                      escaped the group (both inherit our stdout); prompts behave like slow
     auth             session/new fails -32000 until `authenticate {methodId: "fake-key"}`
@@ -52,6 +53,7 @@ NOISE = [  # lines that are not JSON-RPC messages (field-failures #10)
     "", "[INFO] starting tools", "42", '["not","an","object"]',
     '"str"', '{"foo":"bar"}', '{"jsonrpc":"2.0"}', "null",
     "{broken json", "\x00\x01 binary-ish", "   ", "Deduplicated hook: x",
+    "[" * 3000,  # nested past any parser's stack
 ]
 
 
@@ -279,6 +281,9 @@ class FakeAgent:
         self.write(result)
         if "late-permission" in self.modes:
             threading.Thread(target=self.late_permission, args=(sid,), daemon=True).start()
+        if "nested-after" in self.modes:
+            self.write("[" * 3000, newline=True)
+            self.log(event="nested")
 
     def late_permission(self, sid: str) -> None:
         tool_call = {"toolCallId": "t-late", "title": "Clean up", "kind": "delete", "status": "pending"}
