@@ -74,7 +74,8 @@ async def settle_heap(idle: Callable[[], bool]) -> None:
     runs CPython keeps the young collections (which free nearly all per-chunk garbage) and this
     loop runs the full one: at the first check with no turn running, and at the latest
     :data:`FULL_COLLECTION_PERIOD` seconds after the previous one, which bounds the cyclic
-    garbage it can hold. Either only when a young collection promoted something since.
+    garbage it can hold. Either only once a generation-1 collection has run since, moving its
+    survivors into the old generation (``gc.get_count()[2]``).
     """
     import anyio
     import anyio.to_thread
