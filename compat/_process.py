@@ -340,15 +340,20 @@ class AgentProcess:
     async def track_descendants(self) -> None:
         """Keep the snapshot of the leader's descendants fresh (:meth:`refresh_descendants`) while
         it runs: often at first, then about once a second. Runs until cancelled or the leader
-        exits; owners run it while the agent works (a turn) rather than while it idles."""
+        exits; owners run it while the agent works (a turn) rather than while it idles.
+
+        The first scan comes after the first delay: owners scan when a use begins (a turn
+        before its prompt), and a second scan at once found the same tree (a third of the scans
+        of a short turn on a kept agent).
+        """
         for delay in itertools.chain(_SCAN_RAMP, itertools.repeat(_SCAN_EVERY)):
+            with anyio.move_on_after(delay):
+                await self._process.wait()
             if self.returncode is not None:
                 return
             # Past the ramp, a process table read by any agent's scan within the last period
             # will do: one read per period for all agents instead of one each.
             await self.refresh_descendants(max_age=_SCAN_EVERY if delay == _SCAN_EVERY else _RAMP_SHARE)
-            with anyio.move_on_after(delay):
-                await self._process.wait()
 
     async def wait(self, timeout: float) -> int | None:
         """Wait up to ``timeout`` seconds for the leader to exit; return its status or None.
