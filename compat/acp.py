@@ -160,12 +160,10 @@ class AcpAdapter:
             on_permission=on_permission,
         )
 
-    def host_connection(self, conn: AcpConnection) -> bool:
+    def host_connection(self, conn: AcpConnection) -> None:
         """Run ``conn``'s pumps for its whole life when the adapter runs as a service."""
-        if self._host is None:
-            return False
-        conn.host(self._host)
-        return True
+        if self._host is not None:
+            conn.host(self._host)
 
     def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None:
         """Start the session's idle reaper when the adapter runs as a service."""
