@@ -106,7 +106,7 @@ class PipeReceiveStream(anyio.abc.ByteReceiveStream, asyncio.Protocol):
         self._buffered = 0
         self._eof = False
         self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._arrived = asyncio.Event()  # set when chunks or the end arrive
         self._receiver: DataReceiver | None = None
 
     # ---- asyncio.Protocol (called by the transport) -------------------------------------------
@@ -123,7 +123,7 @@ class PipeReceiveStream(anyio.abc.ByteReceiveStream, asyncio.Protocol):
         if self._buffered > _READ_LIMIT and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
-        self._wake()
+        self._arrived.set()
 
     def eof_received(self) -> bool:
         self._end()
@@ -149,11 +149,8 @@ class PipeReceiveStream(anyio.abc.ByteReceiveStream, asyncio.Protocol):
         while not self._chunks:
             if self._eof:
                 raise anyio.EndOfStream
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            self._arrived.clear()
+            await self._arrived.wait()
         data = self._take()
         if len(data) > max_bytes:
             self._chunks.appendleft(data[max_bytes:])
@@ -179,11 +176,7 @@ class PipeReceiveStream(anyio.abc.ByteReceiveStream, asyncio.Protocol):
         self._eof = True
         if self._receiver is not None and not self._chunks:
             self._receiver(b"")
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._arrived.set()
 
 
 class _PipeSendStream(anyio.abc.ByteSendStream):

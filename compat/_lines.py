@@ -53,7 +53,7 @@ class LineReader:
         self._error: LineTooLong | None = None
         self._raised: Exception | None = None  # by the consumer, during a pushed delivery
         self._consumer: LineConsumer | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        self._ended_event = asyncio.Event()  # set by a pushed delivery that ended the reading
         self._reading = False
         self._context: contextvars.Context | None = None  # what pushed deliveries run in
 
@@ -79,7 +79,8 @@ class LineReader:
                 self._context = _callback_context()
                 self._push(self._feed)
                 while not self._ended():
-                    await self._wait()
+                    self._ended_event.clear()
+                    await self._ended_event.wait()
             else:
                 while not self._ended():
                     await self._pull()
@@ -172,7 +173,7 @@ class LineReader:
             self._raised = exc
             self._consumer = None
         if self._ended():
-            self._wake()
+            self._ended_event.set()
 
     async def _pull(self) -> None:
         try:
@@ -181,17 +182,6 @@ class LineReader:
             self._eof = True
             return
         self._buffer += data
-
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     def _begin(self) -> None:
         if self._reading:
