@@ -44,6 +44,9 @@ CLOSE_OVERFLOW = 1013  # "try again later": the client did not read fast enough 
 # #5); older Starlette releases raise a bare RuntimeError.
 _Disconnected = getattr(starlette.websockets, "WebSocketDisconnected", RuntimeError)
 _SEND_FAILURES = (WebSocketDisconnect, _Disconnected, OSError)
+_PEER_GONE = (*_SEND_FAILURES, RuntimeError)
+"""What a send raises once the peer is gone. RuntimeError: uvicorn's raw ASGI send after it already
+closed the socket (a frame with invalid UTF-8 right behind a request makes it send close 1007)."""
 _ids = itertools.count(1)
 
 
@@ -192,13 +195,14 @@ class Connection:
                 for envelope in batch:  # uvicorn's send waits only when the socket buffer is full
                     await self._send({"type": "websocket.send", "text": envelope.decode()})
                 batch = self._outbox.take()
-        except (*_SEND_FAILURES, RuntimeError):
-            # RuntimeError: the raw ASGI send after uvicorn already closed the socket (a frame
-            # with invalid UTF-8 right behind a request makes it send close 1007 first).
-            log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
-            self._scope.cancel()
+        except _PEER_GONE:
+            self._peer_left()
         finally:
             self._idle.set()
+
+    def _peer_left(self) -> None:
+        log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
+        self._scope.cancel()
 
     def _enqueue(self, envelope: bytes) -> None:
         """The stream's sink: never blocks the handler that produced ``envelope``."""
@@ -227,25 +231,20 @@ class Connection:
         send = self._send({"type": "websocket.send", "text": envelope.decode()})
         try:
             awaited = send.send(None)
-        except StopIteration:
-            self._idle.set()
+        except BaseException as exc:  # StopIteration: sent; anything else: the send failed
+            self._idle.set()  # the writer must never wait for this send
+            if isinstance(exc, _PEER_GONE):
+                self._peer_left()
+            elif not isinstance(exc, StopIteration):
+                raise
             return
-        except (*_SEND_FAILURES, RuntimeError):  # as in _send_all
-            self._idle.set()
-            log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
-            self._scope.cancel()
-            return
-        except BaseException:
-            self._idle.set()  # whatever failed, the writer must not wait for this send forever
-            raise
         tg.start_soon(self._finish_send, send, awaited)
 
     async def _finish_send(self, send: Coroutine[Any, Any, None], awaited: Any) -> None:
         try:
             await _resume(send, awaited)
-        except (*_SEND_FAILURES, RuntimeError):
-            log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
-            self._scope.cancel()
+        except _PEER_GONE:
+            self._peer_left()
         finally:
             self._idle.set()
 
