@@ -222,11 +222,17 @@ async def test_a_client_that_stops_reading_is_dropped_without_stalling_the_produ
     assert handlers.cancelled == ["stream"]  # the producer was cancelled, never blocked on the socket
 
 
-async def test_overflow_sends_close_1013_when_the_socket_can_still_write(handlers):
+def burst_on_a_held_socket(handlers: Handlers, n: int, queue_size: int) -> tuple[FakeSocket, anyio.Event, Connection]:
+    """A connection whose first send waits for the returned event while a burst of ``n``
+    notifications (then the reply) is produced behind it."""
     hold = anyio.Event()
-    sock = FakeSocket(hold=hold)  # the first send waits: the rest of the burst is queued
-    sock.frame(request("test.stream", {"n": 4, "burst": True}, 1))
-    connection = Connection(sock, handlers.dispatcher(), "local", queue_size=2)
+    sock = FakeSocket(hold=hold)
+    sock.frame(request("test.stream", {"n": n, "burst": True}, 1))
+    return sock, hold, Connection(sock, handlers.dispatcher(), "local", queue_size=queue_size)
+
+
+async def test_overflow_sends_close_1013_when_the_socket_can_still_write(handlers):
+    sock, hold, connection = burst_on_a_held_socket(handlers, 4, queue_size=2)  # the rest is queued
     async with anyio.create_task_group() as tg:
         tg.start_soon(connection.run)
         with anyio.fail_after(WAIT):
@@ -238,10 +244,7 @@ async def test_overflow_sends_close_1013_when_the_socket_can_still_write(handler
 async def test_updates_go_out_in_order_while_a_send_waits_for_the_socket(handlers):
     """A send that has to wait for the socket hands over to the writer: what is produced
     meanwhile is queued and follows it, in ``seq`` order."""
-    hold = anyio.Event()
-    sock = FakeSocket(hold=hold)
-    sock.frame(request("test.stream", {"n": 5, "burst": True}, 1))
-    connection = Connection(sock, handlers.dispatcher(), "local", queue_size=8)
+    sock, hold, connection = burst_on_a_held_socket(handlers, 5, queue_size=8)
     async with anyio.create_task_group() as tg:
         tg.start_soon(connection.run)
         with anyio.fail_after(WAIT):
