@@ -190,13 +190,10 @@ class JsonRpcPeer:
             await self._idle.wait()
         return self._busy == 0
 
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def run(self) -> None:
         """Read stdout and dispatch messages until EOF, a framing error or the leader's exit
         (plus a bounded drain); never raises."""
         async with anyio.create_task_group() as tg:
-            task_status.started()
             with anyio.CancelScope() as reading:
                 tg.start_soon(self._end_after_exit, reading)
                 await self._read_loop(tg)
