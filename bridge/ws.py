@@ -231,12 +231,14 @@ class Connection:
         send = self._send({"type": "websocket.send", "text": envelope.decode()})
         try:
             awaited = send.send(None)
-        except BaseException as exc:  # StopIteration: sent; anything else: the send failed
-            self._idle.set()  # the writer must never wait for this send
-            if isinstance(exc, _PEER_GONE):
-                self._peer_left()
-            elif not isinstance(exc, StopIteration):
+        except StopIteration:  # sent: the usual case
+            self._idle.set()
+            return
+        except BaseException as exc:
+            self._idle.set()  # whatever failed, the writer must never wait for this send
+            if not isinstance(exc, _PEER_GONE):
                 raise
+            self._peer_left()
             return
         tg.start_soon(self._finish_send, send, awaited)
 
