@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import random
 import re
 import signal
 import subprocess
@@ -65,6 +66,11 @@ _KILL_WAIT = 2.0  # seconds to wait for the leader after SIGKILL (it cannot igno
 _PREVIEW_CHARS = 300
 _SCAN_RAMP = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds between the first descendant scans: launchers
 _SCAN_EVERY = 1.0  # fork early, and a short-lived leader must not take its tree out of view
+_SCAN_JITTER = 0.5
+"""Each wait between two scans is its delay times a random factor in 1 ± this. Agents whose
+turns start together would otherwise scan in the same milliseconds: with 100 streaming (bench
+case 4) every scan time was a burst of ~5 ms on the event loop, and the updates arriving in it
+(about 20 per burst, seven bursts a turn) made most of the relay's delay p99."""
 _BLANK = re.compile(r"\s")
 _PIDFD = pidfd_works()
 
@@ -339,7 +345,7 @@ class AgentProcess:
 
     async def track_descendants(self) -> None:
         """Keep the snapshot of the leader's descendants fresh (:meth:`refresh_descendants`) while
-        it runs: often at first, then about once a second. Runs until cancelled or the leader
+        it runs: often at first, then about once a second, each wait jittered (``_SCAN_JITTER``). Runs until cancelled or the leader
         exits; owners run it while the agent works (a turn) rather than while it idles.
 
         The first scan comes after the first delay: owners scan when a use begins (a turn
@@ -347,7 +353,7 @@ class AgentProcess:
         of a short turn on a kept agent).
         """
         for delay in itertools.chain(_SCAN_RAMP, itertools.repeat(_SCAN_EVERY)):
-            with anyio.move_on_after(delay):
+            with anyio.move_on_after(delay * random.uniform(1 - _SCAN_JITTER, 1 + _SCAN_JITTER)):
                 await self._process.wait()
             if self.returncode is not None:
                 return
