@@ -345,8 +345,9 @@ class AgentProcess:
 
     async def track_descendants(self) -> None:
         """Keep the snapshot of the leader's descendants fresh (:meth:`refresh_descendants`) while
-        it runs: often at first, then about once a second, each wait jittered (``_SCAN_JITTER``). Runs until cancelled or the leader
-        exits; owners run it while the agent works (a turn) rather than while it idles.
+        it runs: often at first, then about once a second, each wait jittered (``_SCAN_JITTER``).
+        Runs until cancelled or the leader exits; owners run it while the agent works (a turn)
+        rather than while it idles.
 
         The first scan comes after the first delay: owners scan when a use begins (a turn
         before its prompt), and a second scan at once found the same tree (a third of the scans
