@@ -154,7 +154,8 @@ async def spawn(
     stderr_tail_bytes: int,
     stdin_pipe: bool = True,
 ) -> AgentProcess:
-    """Start ``argv`` in a new session (its own process group) with piped stdout and stderr.
+    """Start ``argv`` as the leader of its own process group (in a new session when the bridge
+    has a controlling terminal: ``compat._child.NEW_SESSION``) with piped stdout and stderr.
 
     Args:
         argv: Command and arguments; ``argv[0]`` should already be resolved to a path.
@@ -178,7 +179,7 @@ async def spawn(
                 stderr=subprocess.PIPE,
                 cwd=cwd,
                 env=dict(env),
-                start_new_session=True,
+                start_new_session=True,  # its own group (anyio has no ``process_group``)
             )
     except OSError as exc:
         if cwd is not None and not os.path.isdir(cwd):
@@ -199,7 +200,7 @@ class AgentProcess:
         stderr_tail_bytes: int,
     ) -> None:
         self.argv = tuple(argv)
-        self.pid = process.pid  # also the process-group id: start_new_session makes it a leader
+        self.pid = process.pid  # also the process-group id: the child leads its own group
         self._process = process
         assert process.stdout is not None and process.stderr is not None
         self._stdout = LineReader(process.stdout, max_line_bytes)

@@ -7,6 +7,8 @@ exit through a pidfd, on both loops the bridge runs on (asyncio's and uvloop's).
 * Nothing leaks: after many children started, read, ended and reaped, the process holds the
   descriptors it held before; a start that fails (missing command or directory) leaks none.
 * Exit status, signals and stdin behave as ``anyio.open_process`` children do.
+* Each child leads its own process group, in the bridge's session unless the bridge has a
+  controlling terminal.
 """
 
 from __future__ import annotations
@@ -225,3 +227,46 @@ async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
                 await child.aclose()
         finally:
             release.set()  # the blocked threads cannot be cancelled: let them end
+
+
+@pytest.mark.parametrize("new_session", [False, True])
+def test_a_child_leads_its_own_group_and_a_new_session_only_under_a_terminal(
+    new_session: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own process group always (killed as a whole); a session of its own only when the bridge
+    has a controlling terminal (``NEW_SESSION``): with autogroup scheduling each session is a CPU
+    share of its own, so 100 agents had 100 shares to the bridge's one (bench case 4)."""
+    import compat._child
+
+    monkeypatch.setattr(compat._child, "NEW_SESSION", new_session)
+
+    async def main() -> tuple[int, int, int]:
+        child = await PidfdProcess.start([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin_pipe=True,
+                                         cwd=None, env=child_env())  # fmt: skip
+        try:
+            return child.pid, os.getpgid(child.pid), os.getsid(child.pid)
+        finally:
+            await child.aclose()
+
+    pid, group, session = run_on("uvloop", main)
+    assert group == pid
+    assert session == (pid if new_session else os.getsid(0))
+
+
+@pytest.mark.parametrize("with_terminal", [False, True])
+def test_new_session_follows_the_controlling_terminal(with_terminal: bool) -> None:
+    import subprocess
+
+    script = "import compat._child as c; print(c.NEW_SESSION)"
+    if with_terminal:
+        script = f"import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); {script}"
+    leader, follower = os.openpty() if with_terminal else (-1, -1)
+    try:
+        done = subprocess.run([sys.executable, "-c", script], stdin=follower if with_terminal else subprocess.DEVNULL,
+                              capture_output=True, text=True, start_new_session=True, timeout=30)  # fmt: skip
+    finally:
+        for fd in (leader, follower):
+            if fd >= 0:
+                os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(with_terminal)
