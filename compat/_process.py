@@ -154,8 +154,9 @@ async def spawn(
     stderr_tail_bytes: int,
     stdin_pipe: bool = True,
 ) -> AgentProcess:
-    """Start ``argv`` as the leader of its own process group (in a new session when the bridge
-    has a controlling terminal: ``compat._child.NEW_SESSION``) with piped stdout and stderr.
+    """Start ``argv`` as the leader of its own process group with piped stdout and stderr: in a
+    new session when the bridge has a controlling terminal (``compat._child.NEW_SESSION``) or
+    has no pidfds (the ``anyio.open_process`` path), else in the bridge's.
 
     Args:
         argv: Command and arguments; ``argv[0]`` should already be resolved to a path.
@@ -417,13 +418,21 @@ class AgentProcess:
                 await self._process.stdin.aclose()
 
     def _signal(self, sig: int) -> None:
+        """Send ``sig`` to the group, the leader and every snapshot entry; after SIGTERM also
+        SIGCONT, since a stopped process acts on SIGTERM only once continued."""
         import psutil
 
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-        for proc in list(self._known.values()):
-            with suppress(psutil.Error):
-                proc.send_signal(sig)  # psutil checks the pid was not reused
+        for each in (sig, signal.SIGCONT) if sig == signal.SIGTERM else (sig,):
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, each)
+            # The leader too: in the bridge's session it may have joined another group
+            # (setpgid), which the group signal no longer reaches. Not yet reaped, its pid is
+            # still its own (the process object skips the signal once it is).
+            with suppress(ProcessLookupError, PermissionError, OSError):
+                self._process.send_signal(each)
+            for proc in list(self._known.values()):
+                with suppress(psutil.Error):
+                    proc.send_signal(each)  # psutil checks the pid was not reused
 
 
 _RAMP_SHARE = 0.02  # seconds: ramp scans of agents started together share one table read

@@ -184,6 +184,60 @@ async def test_the_snapshot_drops_descendants_that_ended(tree: tuple[AgentProces
     assert pids[0] not in proc.known_descendants and pids[1] in proc.known_descendants
 
 
+LEAVES_ITS_GROUP = """
+import os, sys, time
+os.setpgid(0, os.getpgid(os.getppid()))  # refused to a session leader; allowed within our session
+print("moved", flush=True)
+time.sleep(600)
+"""
+
+
+async def test_terminate_reaches_a_leader_that_left_its_group() -> None:
+    """In the bridge's session an agent may join another group (even the bridge's): the group
+    signal no longer reaches it, the signal to the leader itself does."""
+    proc = await spawn([sys.executable, "-c", LEAVES_ITS_GROUP], cwd=None, env=child_env(), max_line_bytes=KIB,
+                       stderr_tail_bytes=KIB)  # fmt: skip
+    try:
+        with anyio.fail_after(10):
+            line = await proc.receive_line()
+        with anyio.fail_after(10):
+            status = await proc.terminate(0.5)
+        assert status in (-signal.SIGTERM, -signal.SIGKILL), (line, status)
+    finally:
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait(5)
+
+
+STOPS_ITSELF = """
+import os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: os._exit(7))
+print("stopping", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+sys.stdin.read()
+"""
+
+
+async def test_a_stopped_agent_still_gets_a_clean_shutdown() -> None:
+    """SIGTERM is followed by SIGCONT: a stopped process acts on SIGTERM only once continued, so
+    without it terminate waited the whole grace and then had to SIGKILL."""
+    grace = 10.0
+    proc = await spawn([sys.executable, "-c", STOPS_ITSELF], cwd=None, env=child_env(), max_line_bytes=KIB,
+                       stderr_tail_bytes=KIB)  # fmt: skip
+    try:
+        with anyio.fail_after(10):
+            await proc.receive_line()
+            while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+                await anyio.sleep(0.01)  # polling OS state: no event exists for a stop
+        started = time.monotonic()
+        assert await proc.terminate(grace) == 7
+        assert time.monotonic() - started < grace / 2
+    finally:
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait(5)
+
+
 async def test_agents_started_together_do_not_scan_their_descendants_together(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
