@@ -70,7 +70,8 @@ _SCAN_JITTER = 0.5
 """Each wait between two scans is its delay times a random factor in 1 ± this. Agents whose
 turns start together would otherwise scan in the same milliseconds: with 100 streaming (bench
 case 4) every scan time was a burst of ~5 ms on the event loop, and the updates arriving in it
-(about 20 per burst, seven bursts a turn) made most of the relay's delay p99."""
+(about 20 per burst, seven bursts a turn) were a large part of the samples over the relay's
+delay p99."""
 _BLANK = re.compile(r"\s")
 _PIDFD = pidfd_works()
 
@@ -428,7 +429,7 @@ class AgentProcess:
             # The leader too: in the bridge's session it may have joined another group
             # (setpgid), which the group signal no longer reaches. Not yet reaped, its pid is
             # still its own (the process object skips the signal once it is).
-            with suppress(ProcessLookupError, PermissionError, OSError):
+            with suppress(OSError):  # gone, or not ours to signal
                 self._process.send_signal(each)
             for proc in list(self._known.values()):
                 with suppress(psutil.Error):
