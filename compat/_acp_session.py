@@ -31,6 +31,7 @@ from compat._acp_turn import TurnFailure, TurnState, turn_failure
 from compat._process import SpawnError
 from compat.base import TurnError, TurnOutcome, TurnRequest, TurnSink, TurnStatus
 from compat.jsonrpc_peer import PeerError, ResponseError
+from compat.pacing import turn_ends
 
 if TYPE_CHECKING:
     from compat.acp import AcpAdapter
@@ -184,6 +185,7 @@ class AcpSession:
             raise TurnFailure("AGENT_ERROR", redact(str(exc)), data, kill=False) from exc
         except PeerError as exc:
             raise turn_failure(exc, phase, self._conn, self._limits.client_stderr_tail_bytes) from exc
+        await turn_ends().wait()  # many agents may answer at once: their turns end one per pass
         turn.emit(turn.mapper.add_usage(usage_from_result(result)))
         stop = result.get("stopReason")
         turn.stop_reason = stop if isinstance(stop, str) else None

@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup
 from bridge.rpc.errors import InvalidParams, LimitReached, NotFound
 from bridge.rpc.redact import redact
 from compat.base import Attachment, TurnError, TurnOutcome, TurnRequest
+from compat.pacing import turn_ends
 from compat.settings import Limits, Timeouts
 from orchestrator.registry import ProviderRegistry
 from orchestrator.routing import Resolution, RoutingInput, resolve
@@ -354,6 +355,8 @@ class Orchestrator:
             outcome = await self._bounded_turn(provider, request, runner)
         finally:
             session.current_turn = None
+        with anyio.CancelScope(shield=True):  # bounded: the turn ends that came first
+            await turn_ends().wait()  # the done update and the reply: one turn per pass
         outcome = self._final_outcome(outcome, runner)
         self.registry.note_turn(provider_id, outcome)
         output = outcome.output_override if outcome.output_override is not None else runner.output

@@ -81,6 +81,27 @@ def test_tool_content_is_cut_to_the_byte_cap() -> None:
     assert cap_content(content, 10_000) == (content, False)
 
 
+async def test_the_agents_result_passes_the_turn_end_gate(
+    make_agent: AgentFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the agent's result arrives the turn waits its pass (``compat.pacing.turn_ends``):
+    agents answering at once end their turns one per pass of the event loop (bench case 4)."""
+    import compat._acp_session
+    from compat.pacing import PassGate
+
+    gate, passed = PassGate(), []
+
+    async def counted() -> None:
+        passed.append(len(sink.text))  # after the agent's text: at the result
+        await PassGate.wait(gate)
+
+    monkeypatch.setattr(gate, "wait", counted)
+    monkeypatch.setattr(compat._acp_session, "turn_ends", lambda: gate)
+    sink = RecordingSink()
+    outcome = await run(make_agent(), sink, prompt="hello")
+    assert outcome.status == "completed" and passed == [len("echo: hello")]
+
+
 async def test_attachments_are_sent_as_resource_links(make_agent: AgentFactory, tmp_path: Path) -> None:
     doc = tmp_path / "notes.md"
     attachments = (Attachment(name="notes.md", path=str(doc), description="the notes"),)
