@@ -12,6 +12,7 @@ Waits are bounded and on events or OS state, never bare sleeps.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -182,6 +183,42 @@ async def test_the_snapshot_drops_descendants_that_ended(tree: tuple[AgentProces
     await wait_gone([pids[0]])
     await proc.refresh_descendants()
     assert pids[0] not in proc.known_descendants and pids[1] in proc.known_descendants
+
+
+async def test_a_trackers_waits_run_out_on_a_timer_not_a_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop fires timers up to 1 ms early and anyio re-arms a deadline until the loop's clock
+    reaches it, so each of a tracker's waits (one a second per agent) spun the event loop for up
+    to a millisecond; the waits are cancelled by a plain loop timer instead."""
+    import anyio._backends._asyncio as backend
+
+    import compat._process as process
+
+    monkeypatch.setattr(process, "_SCAN_RAMP", (0.01,) * 5)
+    scans: list[float] = []
+    deadline_checks = [0]
+    real_timeout = backend.CancelScope._timeout
+
+    def counted_timeout(scope: backend.CancelScope) -> None:
+        deadline_checks[0] += scope.deadline != math.inf  # also called on entering any scope
+        real_timeout(scope)
+
+    async def record(self: AgentProcess, max_age: float = 0.0) -> None:
+        scans.append(time.monotonic())
+
+    monkeypatch.setattr(backend.CancelScope, "_timeout", counted_timeout)
+    monkeypatch.setattr(AgentProcess, "refresh_descendants", record)
+    proc = await spawn([sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=None, env=child_env(),
+                       max_line_bytes=KIB, stderr_tail_bytes=KIB)  # fmt: skip
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(proc.track_descendants)
+            while len(scans) < 5:
+                await anyio.sleep(0.01)  # polling the tracker's own schedule; no event exists for it
+            tg.cancel_scope.cancel()
+        assert deadline_checks[0] == 0
+    finally:
+        with anyio.CancelScope(shield=True):
+            await proc.terminate(0.5)
 
 
 LEAVES_ITS_GROUP = """
