@@ -353,10 +353,11 @@ class Orchestrator:
         runner.publish(updates.started())
         try:
             outcome = await self._bounded_turn(provider, request, runner)
+            # Still the running turn meanwhile: a session.cancel read now marks it cancelled.
+            with anyio.CancelScope(shield=True):  # bounded: the turn ends that came first
+                await turn_ends().wait()  # the done update and the reply: one turn per pass
         finally:
             session.current_turn = None
-        with anyio.CancelScope(shield=True):  # bounded: the turn ends that came first
-            await turn_ends().wait()  # the done update and the reply: one turn per pass
         outcome = self._final_outcome(outcome, runner)
         self.registry.note_turn(provider_id, outcome)
         output = outcome.output_override if outcome.output_override is not None else runner.output

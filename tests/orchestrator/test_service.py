@@ -382,3 +382,33 @@ async def test_turns_whose_providers_end_together_finish_one_per_pass(orch):
             tg.start_soon(partial(orch.run_turn, params("echo hi", session=f"p{index}"), "local", notify, start=True))
     assert len(done_at) == 4
     assert len(set(done_at)) == 4, done_at
+
+
+async def test_a_cancel_read_while_a_turn_waits_its_pass_cancels_it(orch):
+    """A finished turn waiting at the turn-end gate is still the running turn: a session.cancel
+    read meanwhile answers ``cancelled: true`` and the turn ends ``cancelled`` (docs/api.md
+    session.cancel), as it would have a moment earlier."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    answers: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    cancels: list[asyncio.Task[None]] = []
+
+    async def cancel_p3() -> None:  # as a request handler would, in a task of its own
+        answers["p3"] = orch.cancel("p3", "local")
+
+    def notify(session: str, method: str, update: Any) -> None:
+        if session == "p0" and update.get("type") == "done":  # read in the next pass
+            cancels.append(loop.create_task(cancel_p3()))
+
+    async def run(session: str) -> None:
+        results[session] = await orch.run_turn(params("echo hi", session=session), "local",
+                                               partial(notify, session), start=True)  # fmt: skip
+
+    async with anyio.create_task_group() as tg:
+        for index in range(4):
+            tg.start_soon(run, f"p{index}")
+    await asyncio.gather(*cancels)
+    assert answers["p3"]["cancelled"] is True
+    assert results["p3"]["status"] == "cancelled"
