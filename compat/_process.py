@@ -429,9 +429,12 @@ class AgentProcess:
                 os.killpg(self.pid, each)
             # The leader too: in the bridge's session it may have joined another group
             # (setpgid), which the group signal no longer reaches. Not yet reaped, its pid is
-            # still its own (the process object skips the signal once it is).
-            with suppress(OSError):  # gone, or not ours to signal
-                self._process.send_signal(each)
+            # still its own. os.kill, not the process object's send_signal: Popen's polls first,
+            # which on asyncio's fallback path reaped the child under the child watcher's feet
+            # (it then reported exit status 255).
+            if self.returncode is None:
+                with suppress(OSError):  # gone, or not ours to signal
+                    os.kill(self.pid, each)
             for proc in list(self._known.values()):
                 with suppress(psutil.Error):
                     proc.send_signal(each)  # psutil checks the pid was not reused

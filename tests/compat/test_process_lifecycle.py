@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import psutil
@@ -31,6 +33,7 @@ from compat.base import TurnOutcome
 from .conftest import AgentFactory, RecordingSink, process_alive, turn_request, wait_gone, wait_log
 
 KIB = 1024
+ROOT = Path(__file__).resolve().parents[2]
 TURN_TIMEOUT = 30.0  # what the turns below must end well under
 
 
@@ -244,6 +247,44 @@ async def test_terminate_reaches_a_leader_that_left_its_group() -> None:
         if proc.returncode is None:
             os.kill(proc.pid, signal.SIGKILL)
             await proc.wait(5)
+
+
+def test_terminate_keeps_the_exit_status_of_a_zombie_leader_on_the_fallback_path(tmp_path: Path) -> None:
+    """Without pidfds, on asyncio's loop, a child watcher thread reaps the leader. terminate must
+    not reap it first (``Popen.send_signal`` polls): the watcher then reported 255, not the exit
+    status. The watcher is held back here as on a loaded host, and the leader is a zombie."""
+    script = """
+import os, sys, threading, time
+from contextlib import suppress
+import anyio, psutil
+import compat._process as process
+
+process._PIDFD = False
+real_waitpid = os.waitpid
+
+def late_waitpid(pid, options):
+    if threading.current_thread().name.startswith("asyncio-waitpid-"):
+        with suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        time.sleep(0.05)
+    return real_waitpid(pid, options)
+
+os.waitpid = late_waitpid
+
+async def main():
+    proc = await process.spawn([sys.executable, "-c", "raise SystemExit(3)"], cwd=None,
+                               env=process.child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
+    with anyio.fail_after(10):
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+            await anyio.sleep(0.005)
+    print(await proc.terminate(2.0))
+
+anyio.run(main)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "3", done.stderr
 
 
 STOPS_ITSELF = """
