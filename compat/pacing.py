@@ -5,7 +5,7 @@ end (the adapter's wind-down, the ``done`` update, the result and the reply: ~0.
 between them) was a ready task in the same passes of the loop, and the loop read no pipe until
 all of them had run, so the updates still streaming for the other sessions waited behind them:
 delay p99 of the last 250 ms of updates 3.5-4.7 ms, 79-91 of them over 1 ms (3 runs). Admitted
-one per pass, the loop reads its pipes between two turn ends: 1.0-1.3 ms, 13-41 over 1 ms. The
+one per pass, the loop reads its pipes between two turn ends: 1.0-1.6 ms, 16-60 over 1 ms. The
 work is the same; turn ends that arrive together end one after the other, as the CPU made them
 do anyway (the last reply came 26-33 ms after its agent's result either way).
 
