@@ -174,8 +174,8 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         if value is not None:
             data[key], given_by[key] = value, "flag --" + snake_case(key).replace("_", "-")
     for key in given_by:
-        if snake_case(key) != key:
-            data.pop(snake_case(key), None)  # the file's snake_case spelling of a key set elsewhere
+        if (snake := snake_case(key)) != key:
+            data.pop(snake, None)  # the file's snake_case spelling of a key set elsewhere
     base = file.resolve().parent if file else Path.cwd()
     _split_profiles(data, base, source)
     if isinstance(data.get("providers"), dict):

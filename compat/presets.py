@@ -43,8 +43,9 @@ def with_preset(provider_id: str, raw: Mapping[str, Any] | None) -> Any:
         return raw
     entry = dict(raw or {})
     for key in PRESET_KEYS:
-        if key not in entry and snake_case(key) not in entry:
-            entry[key] = msgspec.to_builtins(getattr(preset, snake_case(key)))
+        snake = snake_case(key)
+        if key not in entry and snake not in entry:
+            entry[key] = msgspec.to_builtins(getattr(preset, snake))
     return entry
 
 
