@@ -21,8 +21,8 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import orjson
 import uvicorn
@@ -42,15 +42,36 @@ _TURN_RESULT = orjson.dumps({"success": True, "status": "completed"})
 
 
 def result_envelope(id_bytes: bytes, body: bytes, seq: int) -> bytes:
-    return b"".join((b'{"jsonrpc":"2.0","id":', id_bytes, b',"result":', body,
-                     b',"ok":true,"type":"res","payload":', body, b',"seq":', b"%d" % seq, b"}"))  # fmt: skip
+    return b"".join(
+        (
+            b'{"jsonrpc":"2.0","id":',
+            id_bytes,
+            b',"result":',
+            body,
+            b',"ok":true,"type":"res","payload":',
+            body,
+            b',"seq":',
+            b"%d" % seq,
+            b"}",
+        )
+    )
 
 
 def relay_envelope(line: bytes, seq: int, pad: bytes) -> bytes:
     """A ``session.update`` envelope around one agent line; ``pad`` brings it to the bridge's size."""
-    return b"".join((b'{"jsonrpc":"2.0","method":"session.update","params":', line,
-                     b',"type":"event","event":"session.update","payload":', line,
-                     b',"seq":', b"%d" % seq, b',"pad":"', pad, b'"}'))  # fmt: skip
+    return b"".join(
+        (
+            b'{"jsonrpc":"2.0","method":"session.update","params":',
+            line,
+            b',"type":"event","event":"session.update","payload":',
+            line,
+            b',"seq":',
+            b"%d" % seq,
+            b',"pad":"',
+            pad,
+            b'"}',
+        )
+    )
 
 
 class AgentChild:
@@ -62,12 +83,20 @@ class AgentChild:
 
     async def _start(self) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", FAST_AGENT, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, limit=8 * 1024 * 1024,
-        )  # fmt: skip
+            sys.executable,
+            "-I",
+            "-S",
+            FAST_AGENT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            limit=8 * 1024 * 1024,
+        )
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n'
-                         b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{}}\n')  # fmt: skip
+        proc.stdin.write(
+            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n'
+            b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{}}\n'
+        )
         await proc.stdout.readline()
         await proc.stdout.readline()
         return proc
@@ -157,8 +186,11 @@ class Baseline:
                 task.cancel()
 
     def app(self) -> Starlette:
-        routes = [Route("/api/ping", self.ping), Route("/acp/rpc", self.rpc, methods=["POST"]),
-                  WebSocketRoute("/acp", self.websocket)]  # fmt: skip
+        routes = [
+            Route("/api/ping", self.ping),
+            Route("/acp/rpc", self.rpc, methods=["POST"]),
+            WebSocketRoute("/acp", self.websocket),
+        ]
         return Starlette(routes=routes, lifespan=self.lifespan)
 
 

@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from bench import servers
 from bench.profile import recording, top
@@ -45,9 +46,21 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(rounds=1, warmup=0.3, duration=0.7, ws_grid=((10, 8),), http_conns=(10,), stream_chunks=3000,
-                   paced_sessions=10, paced_chunks=50, idle_conns=100, idle_sessions=50, wiki_pages=100,
-                   knowledge_turns=5, client_timeout=60.0)  # fmt: skip
+        return cls(
+            rounds=1,
+            warmup=0.3,
+            duration=0.7,
+            ws_grid=((10, 8),),
+            http_conns=(10,),
+            stream_chunks=3000,
+            paced_sessions=10,
+            paced_chunks=50,
+            idle_conns=100,
+            idle_sessions=50,
+            wiki_pages=100,
+            knowledge_turns=5,
+            client_timeout=60.0,
+        )
 
 
 @dataclass
@@ -64,7 +77,12 @@ class Context:
     @contextlib.asynccontextmanager
     async def profiled(self, case: str, server: Server) -> AsyncIterator[None]:
         """Record a py-spy profile of the bridge the first time ``case`` runs (``--profile``)."""
-        if self.profile is None or server.kind != "bridge" or not case.startswith(self.profile) or case in self.profiles:
+        if (
+            self.profile is None
+            or server.kind != "bridge"
+            or not case.startswith(self.profile)
+            or case in self.profiles
+        ):
             yield
             return
         out = self.profile_dir / f"profile-{re.sub(r'[^a-z0-9]+', '-', case)}.txt"
@@ -82,12 +100,14 @@ def load_metrics(result: dict[str, Any]) -> dict[str, Any]:
         return {"error": result["error"]}
     count, seconds = result["count"], result["seconds"]
     return {
-        "rate": result["rate"], "p50_ms": result["latency_ms"]["p50"], "p99_ms": result["latency_ms"]["p99"],
+        "rate": result["rate"],
+        "p50_ms": result["latency_ms"]["p50"],
+        "p99_ms": result["latency_ms"]["p99"],
         "server_cpu_us": 1e6 * result.get("server_cpu", 0.0) / max(1, count),
         "server_cpu_pct": 100 * result.get("server_cpu", 0.0) / seconds if seconds else None,
         "client_cpu_pct": 100 * result["client_cpu"] / seconds if seconds else None,
         "rss_mib": result.get("server_rss", 0) / MiB,
-    }  # fmt: skip
+    }
 
 
 async def load_round(ctx: Context, pair: list[Server], round_: int) -> None:
@@ -113,8 +133,12 @@ async def load_round(ctx: Context, pair: list[Server], round_: int) -> None:
             async with ctx.profiled(f"3 {mode}", server):
                 result = await run_client(mode, server, spec, timeout=p.client_timeout)
             ctx.add(f"3 {mode}", server, round_, **_stream_metrics(result))
-    spec = {"sessions": p.paced_sessions, "chunks": p.paced_chunks, "interval": p.paced_interval_ms,
-            "size": CHUNK_BYTES}  # fmt: skip
+    spec = {
+        "sessions": p.paced_sessions,
+        "chunks": p.paced_chunks,
+        "interval": p.paced_interval_ms,
+        "size": CHUNK_BYTES,
+    }
     for server in pair if "4" in p.cases else ():
         async with ctx.profiled("4 paced", server):
             result = await run_client("paced", server, spec, timeout=p.client_timeout)
@@ -124,11 +148,15 @@ async def load_round(ctx: Context, pair: list[Server], round_: int) -> None:
 def _stream_metrics(result: dict[str, Any]) -> dict[str, Any]:
     if "error" in result:
         return {"error": result["error"]}
-    metrics = {"rate": 0.0 if result.get("dropped") else result["rate"], "frames": result["count"],
-               "seconds": result["seconds"], "dropped": bool(result.get("dropped")),
-               "server_cpu_us": 1e6 * result.get("server_cpu", 0.0) / max(1, result["count"]),
-               "client_cpu_pct": 100 * result["client_cpu"] / max(1e-9, result["seconds"]),
-               "rss_mib": result.get("server_rss", 0) / MiB}  # fmt: skip
+    metrics = {
+        "rate": 0.0 if result.get("dropped") else result["rate"],
+        "frames": result["count"],
+        "seconds": result["seconds"],
+        "dropped": bool(result.get("dropped")),
+        "server_cpu_us": 1e6 * result.get("server_cpu", 0.0) / max(1, result["count"]),
+        "client_cpu_pct": 100 * result["client_cpu"] / max(1e-9, result["seconds"]),
+        "rss_mib": result.get("server_rss", 0) / MiB,
+    }
     return metrics
 
 
@@ -136,15 +164,20 @@ def _paced_metrics(result: dict[str, Any], expected: int) -> dict[str, Any]:
     if "error" in result:
         return {"error": result["error"]}
     return {
-        "completed": result["completed"], "sessions": result["sessions"], "chunks": result["count"],
+        "completed": result["completed"],
+        "sessions": result["sessions"],
+        "chunks": result["count"],
         "all_complete": result["completed"] == result["sessions"] and result["count"] == expected,
-        "p50_ms": result["latency_ms"]["p50"], "p99_ms": result["latency_ms"]["p99"],
-        "spawn_p50_ms": result["spawn_ms"]["p50"], "spawn_p99_ms": result["spawn_ms"]["p99"],
-        "probe_idle_p50_ms": result["probe_idle_ms"]["p50"], "probe_load_p50_ms": result["probe_load_ms"]["p50"],
+        "p50_ms": result["latency_ms"]["p50"],
+        "p99_ms": result["latency_ms"]["p99"],
+        "spawn_p50_ms": result["spawn_ms"]["p50"],
+        "spawn_p99_ms": result["spawn_ms"]["p99"],
+        "probe_idle_p50_ms": result["probe_idle_ms"]["p50"],
+        "probe_load_p50_ms": result["probe_load_ms"]["p50"],
         "probe_load_p99_ms": result["probe_load_ms"]["p99"],
         "server_cpu_pct": 100 * result.get("server_cpu", 0.0) / max(1e-9, result["seconds"]),
         "rss_mib": result.get("server_rss", 0) / MiB,
-    }  # fmt: skip
+    }
 
 
 async def idle_ws_round(ctx: Context, pair: list[Server], round_: int) -> None:
@@ -153,18 +186,22 @@ async def idle_ws_round(ctx: Context, pair: list[Server], round_: int) -> None:
         before = server.rss()
         grown: dict[str, float] = {}
 
-        async def on_mark(name: str, server: Server = server, grown: dict[str, float] = grown) -> None:
+        async def on_mark(
+            name: str, server: Server = server, grown: dict[str, float] = grown, before: int = before
+        ) -> None:
             if name == "ready":
                 await asyncio.sleep(0.5)  # let the server finish setting up the last connections
                 grown["rss"] = server.rss() - before
 
-        result = await run_client("idle-ws", server, {"conns": ctx.plan.idle_conns}, timeout=ctx.plan.client_timeout,
-                                  on_mark=on_mark)  # fmt: skip
+        result = await run_client(
+            "idle-ws", server, {"conns": ctx.plan.idle_conns}, timeout=ctx.plan.client_timeout, on_mark=on_mark
+        )
         if "rss" not in grown or result.get("count") != ctx.plan.idle_conns:
             ctx.add("5 idle ws", server, round_, error=result.get("error", "not all connections opened"))
             continue
-        ctx.add("5 idle ws", server, round_, kib_per_conn=grown["rss"] / 1024 / ctx.plan.idle_conns,
-                rss_mib=before / MiB)  # fmt: skip
+        ctx.add(
+            "5 idle ws", server, round_, kib_per_conn=grown["rss"] / 1024 / ctx.plan.idle_conns, rss_mib=before / MiB
+        )
 
 
 async def cold_round(ctx: Context, order: list[str], round_: int) -> None:
@@ -183,10 +220,13 @@ async def cold_round(ctx: Context, order: list[str], round_: int) -> None:
 async def _stdio_first_answer(config: Path) -> float:
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        *servers.bridge_argv("acp-stdio", "--config", str(config)), stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=servers.bridge_cwd(),
+        *servers.bridge_argv("acp-stdio", "--config", str(config)),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        cwd=servers.bridge_cwd(),
         env=servers.bridge_env(),
-    )  # fmt: skip
+    )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"acp.capabilities","params":{}}\n')
     try:
@@ -196,6 +236,6 @@ async def _stdio_first_answer(config: Path) -> float:
         proc.stdin.close()
         try:
             await asyncio.wait_for(proc.wait(), servers.STOP_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()

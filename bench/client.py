@@ -23,7 +23,8 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -51,8 +52,9 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float |
     return {"p50": pick(0.5) * scale, "p99": pick(0.99) * scale, "max": ordered[-1] * scale}
 
 
-def turn_request(request_id: int, method: str, session_id: str, prompt: str, provider: str = "fast",
-                 **extra: Any) -> bytes:  # fmt: skip
+def turn_request(
+    request_id: int, method: str, session_id: str, prompt: str, provider: str = "fast", **extra: Any
+) -> bytes:
     routing = {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": provider}
     params = {"sessionId": session_id, "taskPrompt": prompt, "routing": routing, **extra}
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
@@ -93,8 +95,14 @@ class Window:
 
     def result(self, **extra: Any) -> dict[str, Any]:
         rate = self.count / self.seconds if self.seconds else 0.0
-        return {"count": self.count, "seconds": self.seconds, "rate": rate, "client_cpu": self.cpu,
-                "latency_ms": percentiles(self.latencies), **extra}  # fmt: skip
+        return {
+            "count": self.count,
+            "seconds": self.seconds,
+            "rate": rate,
+            "client_cpu": self.cpu,
+            "latency_ms": percentiles(self.latencies),
+            **extra,
+        }
 
 
 def _send_next(window: Window, payload: bytes) -> Callable[[Any, bytearray, int, int], None]:
@@ -193,7 +201,8 @@ async def stream_sse(port: int, chunks: int, size: int, session: str = "stream-s
     await _sse_turn(port, turn_request(1, "session.start", session, f"chunks=1 bytes={size}"))
     window.start()
     window.count, finished = await _sse_turn(
-        port, turn_request(2, "session.message", session, f"chunks={chunks} bytes={size}"))
+        port, turn_request(2, "session.message", session, f"chunks={chunks} bytes={size}")
+    )
     window.stop()
     return window.result(dropped=not finished)
 
@@ -258,8 +267,13 @@ async def paced(port: int, sessions: int, chunks: int, interval: int, size: int)
     for conn in conns:
         conn.transport.close()  # type: ignore[union-attr]
     window.count, window.latencies = len(delays), delays
-    return window.result(sessions=sessions, completed=completed[0], spawn_ms=percentiles(spawn),
-                         probe_idle_ms=percentiles(idle_rtts), probe_load_ms=percentiles(load_rtts))  # fmt: skip
+    return window.result(
+        sessions=sessions,
+        completed=completed[0],
+        spawn_ms=percentiles(spawn),
+        probe_idle_ms=percentiles(idle_rtts),
+        probe_load_ms=percentiles(load_rtts),
+    )
 
 
 async def idle_ws(port: int, conns: int) -> dict[str, Any]:
@@ -271,8 +285,16 @@ async def idle_ws(port: int, conns: int) -> dict[str, Any]:
     return {"count": len(clients)}
 
 
-async def turns(port: int, count: int, conns: int, prompt: str, params: dict[str, Any], provider: str,
-                prefix: str = "turn", warmup: int = 0) -> dict[str, Any]:  # fmt: skip
+async def turns(
+    port: int,
+    count: int,
+    conns: int,
+    prompt: str,
+    params: dict[str, Any],
+    provider: str,
+    prefix: str = "turn",
+    warmup: int = 0,
+) -> dict[str, Any]:
     """``count`` turns after ``warmup`` unmeasured ones, ``conns`` at a time, each a new session."""
     window, loop = Window(), asyncio.get_running_loop()
     waiting: dict[WsClient, asyncio.Future[bytes]] = {}
@@ -304,8 +326,12 @@ async def turns(port: int, count: int, conns: int, prompt: str, params: dict[str
             statuses[status] = statuses.get(status, 0) + 1
             window.count += 1
             window.latencies.append(seconds)
-            sources = [s.get("latencyMs", 0) for a in result.get("artifacts", []) for s in a.get("steps", [])
-                       if s.get("sourceId")]  # fmt: skip
+            sources = [
+                s.get("latencyMs", 0)
+                for a in result.get("artifacts", [])
+                for s in a.get("steps", [])
+                if s.get("sourceId")
+            ]
             if sources:
                 added.append(seconds - max(sources) / 1000)
 
@@ -316,8 +342,15 @@ async def turns(port: int, count: int, conns: int, prompt: str, params: dict[str
     return window.result(statuses=statuses, added_ms=percentiles(added))
 
 
-MODES = {"rr-ws": rr_ws, "rr-http": rr_http, "stream-ws": stream_ws, "stream-sse": stream_sse, "paced": paced,
-         "idle-ws": idle_ws, "turns": turns}  # fmt: skip
+MODES = {
+    "rr-ws": rr_ws,
+    "rr-http": rr_http,
+    "stream-ws": stream_ws,
+    "stream-sse": stream_sse,
+    "paced": paced,
+    "idle-ws": idle_ws,
+    "turns": turns,
+}
 
 
 def main() -> None:

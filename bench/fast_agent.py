@@ -75,8 +75,12 @@ def main() -> None:
         msg = json.loads(raw)
         method, msg_id, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
         if method == "initialize":
-            result = {"protocolVersion": 1, "agentCapabilities": {"loadSession": False},
-                      "agentInfo": {"name": "bench-fast-agent", "version": "1"}, "authMethods": []}
+            result = {
+                "protocolVersion": 1,
+                "agentCapabilities": {"loadSession": False},
+                "agentInfo": {"name": "bench-fast-agent", "version": "1"},
+                "authMethods": [],
+            }
         elif method == "session/new":
             sessions += 1
             result = {"sessionId": f"fast-{sessions}"}

@@ -13,15 +13,16 @@ import shutil
 import signal
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 SAMPLE_RATE = 250  # samples per second
 
 
 def py_spy() -> str | None:
-    return shutil.which("py-spy") or (str(Path(sys.executable).with_name("py-spy"))
-                                       if Path(sys.executable).with_name("py-spy").exists() else None)  # fmt: skip
+    return shutil.which("py-spy") or (
+        str(Path(sys.executable).with_name("py-spy")) if Path(sys.executable).with_name("py-spy").exists() else None
+    )
 
 
 @contextlib.asynccontextmanager
@@ -31,9 +32,20 @@ async def recording(pid: int, out: Path) -> AsyncIterator[None]:
     if exe is None:
         raise RuntimeError("py-spy is not installed (pip install py-spy)")
     proc = await asyncio.create_subprocess_exec(
-        exe, "record", "--pid", str(pid), "--rate", str(SAMPLE_RATE), "--format", "raw", "--output", str(out),
-        "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        exe,
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        str(SAMPLE_RATE),
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     await asyncio.sleep(0.3)  # py-spy attaches asynchronously; samples before that are lost anyway
     try:
         yield
@@ -41,7 +53,7 @@ async def recording(pid: int, out: Path) -> AsyncIterator[None]:
         proc.send_signal(signal.SIGINT)
         try:
             await asyncio.wait_for(proc.wait(), 20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
 

@@ -25,9 +25,28 @@ TARGETS: tuple[tuple[str, str, str, str, Any], ...] = (
     ("7 knowledge local-wiki", "p50_ms", "abs", "<=", 50),
     ("7 knowledge llmwiki", "added_p50_ms", "abs", "<=", 10),
 )
-SHOWN = ("rate", "p50_ms", "p99_ms", "server_cpu_us", "server_cpu_pct", "client_cpu_pct", "rss_mib", "kib_per_conn",
-         "kib_per_session", "seconds", "spawn_p50_ms", "spawn_p99_ms", "probe_idle_p50_ms", "probe_load_p99_ms",
-         "added_p50_ms", "turn_p50_ms", "frames", "completed", "all_complete", "dropped")  # fmt: skip
+SHOWN = (
+    "rate",
+    "p50_ms",
+    "p99_ms",
+    "server_cpu_us",
+    "server_cpu_pct",
+    "client_cpu_pct",
+    "rss_mib",
+    "kib_per_conn",
+    "kib_per_session",
+    "seconds",
+    "spawn_p50_ms",
+    "spawn_p99_ms",
+    "probe_idle_p50_ms",
+    "probe_load_p99_ms",
+    "added_p50_ms",
+    "turn_p50_ms",
+    "frames",
+    "completed",
+    "all_complete",
+    "dropped",
+)
 
 
 def _median(values: list[Any]) -> Any:
@@ -54,7 +73,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _summarize_case(case: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"rounds": len({r["round"] for r in rows}), "errors": [r["error"] for r in rows if "error" in r]}
+    out: dict[str, Any] = {
+        "rounds": len({r["round"] for r in rows}),
+        "errors": [r["error"] for r in rows if "error" in r],
+    }
     for kind in ("bridge", "baseline"):
         mine = [r for r in rows if r["server"] == kind and "error" not in r]
         if mine:
@@ -76,8 +98,16 @@ def _summarize_case(case: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for prefix, metric, kind, op, limit in TARGETS:
         if case.startswith(prefix):
             value = out["ratio"].get(metric) if kind == "ratio" else out.get("bridge", {}).get(metric)
-            out["targets"].append({"metric": metric, "kind": kind, "op": op, "limit": limit, "value": value,
-                                   "ok": _check(value, op, limit)})  # fmt: skip
+            out["targets"].append(
+                {
+                    "metric": metric,
+                    "kind": kind,
+                    "op": op,
+                    "limit": limit,
+                    "value": value,
+                    "ok": _check(value, op, limit),
+                }
+            )
     return out
 
 
@@ -101,13 +131,17 @@ def table(summary: dict[str, Any]) -> str:
             m = target["metric"]
             verdict = {True: "PASS", False: "FAIL", None: "n/a"}[target["ok"]]
             goal = f"{'ratio' if target['kind'] == 'ratio' else ''}{target['op']}{target['limit']}"
-            lines.append(f"{case:<24} {m:<16} {_fmt(bridge.get(m)):>10} {_fmt(baseline.get(m)):>10} "
-                         f"{_fmt(ratio.get(m)):>7}  {goal:<12} {verdict}")  # fmt: skip
+            lines.append(
+                f"{case:<24} {m:<16} {_fmt(bridge.get(m)):>10} {_fmt(baseline.get(m)):>10} "
+                f"{_fmt(ratio.get(m)):>7}  {goal:<12} {verdict}"
+            )
         label = "" if data["targets"] else case
         for m in SHOWN:
             if m not in targeted and (m in bridge or m in baseline):
-                lines.append(f"{label:<24} {m:<16} {_fmt(bridge.get(m)):>10} "
-                             f"{_fmt(baseline.get(m)):>10} {_fmt(ratio.get(m)):>7}  {'reported':<12}")  # fmt: skip
+                lines.append(
+                    f"{label:<24} {m:<16} {_fmt(bridge.get(m)):>10} "
+                    f"{_fmt(baseline.get(m)):>10} {_fmt(ratio.get(m)):>7}  {'reported':<12}"
+                )
                 label = ""
         for error in data["errors"][:3]:
             lines.append(f"{'':<24} error: {error}")

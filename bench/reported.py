@@ -8,8 +8,9 @@ import contextlib
 import os
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from bench import servers
 from bench.cases import Context, MiB
@@ -37,8 +38,9 @@ async def _reaped(server: Server) -> bool:
 async def idle_sessions(ctx: Context, round_: int) -> None:
     """Case 5b: RSS per idle session (one finished turn, agent reaped), after 20 warm-up sessions."""
     count = ctx.plan.idle_sessions
-    config = servers.bridge_config(ctx.workdir, "sessions", timeouts={"idleTimeout": 0.5},
-                                   limits={"maxSessions": count + 100})  # fmt: skip
+    config = servers.bridge_config(
+        ctx.workdir, "sessions", timeouts={"idleTimeout": 0.5}, limits={"maxSessions": count + 100}
+    )
     server = await servers.start_bridge(ctx.workdir, config)
     try:
         spec = {"count": 20, "conns": 10, "prompt": "chunks=1", "params": {}, "provider": "fast", "prefix": "warm"}
@@ -52,10 +54,19 @@ async def idle_sessions(ctx: Context, round_: int) -> None:
     finally:
         await servers.stop(server)
     if "error" in result or result["statuses"].get("completed") != count or not reaped:
-        ctx.add("5 idle sessions", "bridge", round_, error=result.get("error") or f"{result['statuses']}, reaped={reaped}")
+        ctx.add(
+            "5 idle sessions", "bridge", round_, error=result.get("error") or f"{result['statuses']}, reaped={reaped}"
+        )
         return
-    ctx.add("5 idle sessions", "bridge", round_, kib_per_session=grown / 1024 / count,
-            turn_p50_ms=result["latency_ms"]["p50"], turns_per_s=result["rate"], rss_mib=before / MiB)  # fmt: skip
+    ctx.add(
+        "5 idle sessions",
+        "bridge",
+        round_,
+        kib_per_session=grown / 1024 / count,
+        turn_p50_ms=result["latency_ms"]["p50"],
+        turns_per_s=result["rate"],
+        rss_mib=before / MiB,
+    )
 
 
 def wikis(plan_pages: int) -> list[Path]:
@@ -67,33 +78,51 @@ def wikis(plan_pages: int) -> list[Path]:
 async def knowledge(ctx: Context, round_: int) -> None:
     """Case 7: evidence-only knowledge turns over 4 local-wiki sources, then 4 llmwiki-serve ones."""
     roots = await asyncio.to_thread(wikis, ctx.plan.wiki_pages)
-    local = [{"id": f"wiki-{i}", "label": f"Wiki {i}", "protocol": "local-wiki", "root": str(r)}
-             for i, r in enumerate(roots)]  # fmt: skip
+    local = [
+        {"id": f"wiki-{i}", "label": f"Wiki {i}", "protocol": "local-wiki", "root": str(r)} for i, r in enumerate(roots)
+    ]
     await _knowledge_turns(ctx, round_, "7 knowledge local-wiki", local)
     if not llmwiki_bin().exists():
         ctx.add("7 knowledge llmwiki", "bridge", round_, error="llmwiki-serve not installed (make llmwiki)")
         return
     async with _llmwiki_sources(ctx.workdir, roots) as urls:
-        remote = [{"id": f"wiki-{i}", "label": f"Wiki {i}", "protocol": "llmwiki-http", "url": url}
-                  for i, url in enumerate(urls)]  # fmt: skip
+        remote = [
+            {"id": f"wiki-{i}", "label": f"Wiki {i}", "protocol": "llmwiki-http", "url": url}
+            for i, url in enumerate(urls)
+        ]
         await _knowledge_turns(ctx, round_, "7 knowledge llmwiki", remote)
 
 
 async def _knowledge_turns(ctx: Context, round_: int, case: str, sources: list[dict[str, Any]]) -> None:
-    config = servers.bridge_config(ctx.workdir, "knowledge", knowledgeSources=sources,
-                                   providers={"knowledge": {"type": "knowledge"}})  # fmt: skip
+    config = servers.bridge_config(
+        ctx.workdir, "knowledge", knowledgeSources=sources, providers={"knowledge": {"type": "knowledge"}}
+    )
     server = await servers.start_bridge(ctx.workdir, config)
     try:
-        spec = {"count": ctx.plan.knowledge_turns, "conns": 1, "warmup": 3, "prompt": QUESTION, "provider": "knowledge",
-                "params": {"orchestrationMode": "evidence-only"}, "prefix": "k"}  # fmt: skip
+        spec = {
+            "count": ctx.plan.knowledge_turns,
+            "conns": 1,
+            "warmup": 3,
+            "prompt": QUESTION,
+            "provider": "knowledge",
+            "params": {"orchestrationMode": "evidence-only"},
+            "prefix": "k",
+        }
         result = await run_client("turns", server, spec, timeout=ctx.plan.client_timeout)
     finally:
         await servers.stop(server)
     if "error" in result or result["statuses"].get("completed") != ctx.plan.knowledge_turns:
         ctx.add(case, "bridge", round_, error=result.get("error") or str(result["statuses"]))
         return
-    ctx.add(case, "bridge", round_, p50_ms=result["latency_ms"]["p50"], p99_ms=result["latency_ms"]["p99"],
-            added_p50_ms=result["added_ms"]["p50"], rss_mib=result.get("server_rss", 0) / MiB)  # fmt: skip
+    ctx.add(
+        case,
+        "bridge",
+        round_,
+        p50_ms=result["latency_ms"]["p50"],
+        p99_ms=result["latency_ms"]["p99"],
+        added_p50_ms=result["added_ms"]["p50"],
+        rss_mib=result.get("server_rss", 0) / MiB,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -106,9 +135,27 @@ async def _llmwiki_sources(workdir: Path, roots: list[Path]) -> AsyncIterator[li
             state = workdir / f"llmwiki-{index}"
             state.mkdir(exist_ok=True)
             env = {**os.environ, "LLMWIKI_SERVE_STATE_DIR": str(state), "LLMWIKI_SERVE_IO_LOG": "off"}
-            cmd = [str(llmwiki_bin()), "serve", str(root), "--host", "127.0.0.1", "--port", str(port), "--io-log", "off"]
-            procs.append(subprocess.Popen(cmd, cwd=state, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+            cmd = [
+                str(llmwiki_bin()),
+                "serve",
+                str(root),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--io-log",
+                "off",
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=state,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             await _healthy(url)

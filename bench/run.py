@@ -45,8 +45,13 @@ def relay_pad(size: int = CHUNK_BYTES) -> int:
     from orchestrator import updates
 
     session = "stream-ws-0"
-    params = {"sessionId": session, "threadId": session, "turnId": f"turn-{time.time_ns()}",
-              **updates.delta("x" * size), "seq": 12345}  # fmt: skip
+    params = {
+        "sessionId": session,
+        "threadId": session,
+        "turnId": f"turn-{time.time_ns()}",
+        **updates.delta("x" * size),
+        "seq": 12345,
+    }
     bridge = len(encode_notification("session.update", params, 12345))
     baseline = len(relay_envelope(_chunk_line("fast-1", "x" * size).rstrip(b"\n"), 12345, b""))
     return max(0, bridge - baseline)
@@ -107,9 +112,13 @@ async def rounds(ctx: Context, deadline: float, skipped: list[str]) -> None:
         await case(ctx, 0)
 
 
-SWEEP = ({"loop": "uvloop", "http": "httptools"}, {"loop": "asyncio", "http": "httptools"},
-         {"loop": "uvloop", "http": "h11"}, {"loop": "asyncio", "http": "h11"},
-         {"loop": "uvloop", "http": "httptools", "ws": "websockets"})  # fmt: skip
+SWEEP = (
+    {"loop": "uvloop", "http": "httptools"},
+    {"loop": "asyncio", "http": "httptools"},
+    {"loop": "uvloop", "http": "h11"},
+    {"loop": "asyncio", "http": "h11"},
+    {"loop": "uvloop", "http": "httptools", "ws": "websockets"},
+)
 """Server settings compared by ``--sweep`` (absolute figures, bridge and baseline alike)."""
 
 
@@ -124,8 +133,10 @@ async def sweep(ctx: Context, deadline: float, skipped: list[str]) -> None:
                 skipped.append(f"sweep round {round_ + 1} {settings}: time limit")
                 return
             label = " ".join(f"{k}={v}" for k, v in settings.items())
-            pair = [await servers.start_bridge(ctx.workdir, config, settings=settings),
-                    await servers.start_baseline(ctx.workdir, ctx.result_file, ctx.relay_pad, settings=settings)]
+            pair = [
+                await servers.start_bridge(ctx.workdir, config, settings=settings),
+                await servers.start_baseline(ctx.workdir, ctx.result_file, ctx.relay_pad, settings=settings),
+            ]
             try:
                 for server in pair:
                     spec = {"conns": 10, "inflight": 8, "warmup": p.warmup, "duration": p.duration}
@@ -142,12 +153,21 @@ def meta(args: argparse.Namespace, plan: Plan, seconds: float, skipped: list[str
     import psutil
 
     return {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": seconds, "quick": args.quick,
-        "plan": plan.__dict__, "server_options": SERVER_OPTIONS, "skipped": skipped,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": seconds,
+        "quick": args.quick,
+        "plan": plan.__dict__,
+        "server_options": SERVER_OPTIONS,
+        "skipped": skipped,
         "bridge_root": servers.BRIDGE_ROOT or str(servers.ROOT),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "load_avg_at_end": os.getloadavg(), "memory_gib": psutil.virtual_memory().total / 2**30},
-    }  # fmt: skip
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_avg_at_end": os.getloadavg(),
+            "memory_gib": psutil.virtual_memory().total / 2**30,
+        },
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -174,18 +194,23 @@ async def main_async(args: argparse.Namespace) -> int:
         plan = Plan(**{**plan.__dict__, "cases": args.cases})
     limit = args.time_limit or (QUICK_LIMIT if args.quick else FULL_LIMIT)
     workdir = Path(tempfile.mkdtemp(prefix="xwb-bench-"))
-    ctx = Context(plan, workdir, workdir / "capabilities.json", relay_pad(), profile=args.profile,
-                  profile_dir=args.output.parent)  # fmt: skip
+    ctx = Context(
+        plan, workdir, workdir / "capabilities.json", relay_pad(), profile=args.profile, profile_dir=args.output.parent
+    )
     started = time.monotonic()
     skipped: list[str] = []
     try:
         work = sweep if args.sweep else rounds
         await asyncio.wait_for(work(ctx, started + limit, skipped), limit + HARD_SLACK)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         skipped.append("the rest: hard time limit reached")
     summary = summarize(ctx.records)
-    document = {"meta": meta(args, plan, time.monotonic() - started, skipped), "summary": summary,
-                "profiles": ctx.profiles, "records": ctx.records}  # fmt: skip
+    document = {
+        "meta": meta(args, plan, time.monotonic() - started, skipped),
+        "summary": summary,
+        "profiles": ctx.profiles,
+        "records": ctx.records,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     print(table(summary))

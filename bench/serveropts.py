@@ -38,5 +38,8 @@ def check_matches_bridge() -> list[str]:
     from bridge.server import uvicorn_config
 
     config = uvicorn_config(BridgeConfig(), app=None)  # type: ignore[arg-type]
-    return [f"{name}: bench {value!r} != bridge {getattr(config, name)!r}"
-            for name, value in SERVER_OPTIONS.items() if getattr(config, name) != value]  # fmt: skip
+    return [
+        f"{name}: bench {value!r} != bridge {getattr(config, name)!r}"
+        for name, value in SERVER_OPTIONS.items()
+        if getattr(config, name) != value
+    ]

@@ -13,9 +13,10 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 import psutil
@@ -71,9 +72,12 @@ def _limits(extra: dict[str, Any]) -> dict[str, Any]:
 def bridge_config(workdir: Path, name: str, **extra: Any) -> Path:
     """Write a bridge config (JSON is YAML) with the ``fast`` provider and return its path."""
     config = {
-        "host": "127.0.0.1", "workspaceRoots": [str(workdir)], "limits": _limits(extra),
-        "providers": {"fast": {"command": PYTHON, "args": ["-I", "-S", FAST_AGENT]}}, **extra,
-    }  # fmt: skip
+        "host": "127.0.0.1",
+        "workspaceRoots": [str(workdir)],
+        "limits": _limits(extra),
+        "providers": {"fast": {"command": PYTHON, "args": ["-I", "-S", FAST_AGENT]}},
+        **extra,
+    }
     path = workdir / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=1))
     return path
@@ -108,8 +112,9 @@ async def _spawn(kind: str, argv: list[str], port: int, log: Path) -> Server:
     started = time.perf_counter()
     env, cwd = (bridge_env(), bridge_cwd()) if kind == "bridge" else (None, ROOT)
     with open(log, "ab") as err:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=err, stderr=err, cwd=cwd, env=env)  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, cwd=cwd, env=env
+        )
     return Server(kind, port, proc, started)
 
 
@@ -118,18 +123,37 @@ async def start_bridge(workdir: Path, config: Path, *, settings: dict[str, str] 
     port = free_port()
     argv = bridge_argv("serve", "--config", str(config), "--port", str(port))
     if settings:
-        argv = [PYTHON, "-m", "bench.variant", "--config", str(config), "--port", str(port),
-                *[f"--{k}={v}" for k, v in settings.items()]]  # fmt: skip
+        argv = [
+            PYTHON,
+            "-m",
+            "bench.variant",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            *[f"--{k}={v}" for k, v in settings.items()],
+        ]
     server = await _spawn("bridge", argv, port, workdir / "bridge.log")
     await wait_ready(server)
     return server
 
 
-async def start_baseline(workdir: Path, result_file: Path, relay_pad: int, *,
-                         settings: dict[str, str] | None = None) -> Server:  # fmt: skip
+async def start_baseline(
+    workdir: Path, result_file: Path, relay_pad: int, *, settings: dict[str, str] | None = None
+) -> Server:
     port = free_port()
-    argv = [PYTHON, "-m", "bench.baselines", "--port", str(port), "--result-file", str(result_file),
-            "--relay-pad", str(relay_pad), *[f"--{k}={v}" for k, v in (settings or {}).items()]]  # fmt: skip
+    argv = [
+        PYTHON,
+        "-m",
+        "bench.baselines",
+        "--port",
+        str(port),
+        "--result-file",
+        str(result_file),
+        "--relay-pad",
+        str(relay_pad),
+        *[f"--{k}={v}" for k, v in (settings or {}).items()],
+    ]
     server = await _spawn("baseline", argv, port, workdir / "baseline.log")
     await wait_ready(server)
     return server
@@ -164,7 +188,7 @@ async def stop(server: Server) -> None:
         server.proc.terminate()
         try:
             await asyncio.wait_for(server.proc.wait(), STOP_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             server.proc.kill()
             await server.proc.wait()
     for child in children:
@@ -176,8 +200,11 @@ async def call(port: int, method: str, params: dict[str, Any] | None = None) -> 
     """One request over ``POST /acp/rpc``; returns the ``result``."""
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}})
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"POST /acp/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)  # fmt: skip
+    writer.write(
+        f"POST /acp/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
     data = await asyncio.wait_for(reader.read(), 30)
     writer.close()
     return orjson.loads(data.split(b"\r\n\r\n", 1)[1])["result"]
@@ -186,17 +213,27 @@ async def call(port: int, method: str, params: dict[str, Any] | None = None) -> 
 OnMark = Callable[[str], Awaitable[None]]
 
 
-async def run_client(mode: str, server: Server, spec: dict[str, Any], *, timeout: float,
-                     on_mark: OnMark | None = None) -> dict[str, Any]:  # fmt: skip
+async def run_client(
+    mode: str, server: Server, spec: dict[str, Any], *, timeout: float, on_mark: OnMark | None = None
+) -> dict[str, Any]:
     """Run ``bench.client MODE`` against ``server``; adds ``server_cpu`` (seconds between the
     client's start and end marks) and ``server_rss`` (bytes, at the end) to its result.
 
     A client that overruns ``timeout`` seconds is killed and reported as ``{"error": "timeout"}``.
     """
     proc = await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "bench.client", mode, "--port", str(server.port), "--spec", json.dumps(spec),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
-    )  # fmt: skip
+        PYTHON,
+        "-m",
+        "bench.client",
+        mode,
+        "--port",
+        str(server.port),
+        "--spec",
+        json.dumps(spec),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
     assert proc.stdout is not None and proc.stdin is not None
     cpu: dict[str, float] = {}
     result: dict[str, Any] = {"error": "no result"}
@@ -218,7 +255,7 @@ async def run_client(mode: str, server: Server, spec: dict[str, Any], *, timeout
     try:
         await asyncio.wait_for(follow(), timeout)
         await asyncio.wait_for(proc.wait(), 10)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         result = {"error": "timeout", **({"partial": result} if "error" not in result else {})}
     finally:
         if proc.returncode is None:

@@ -12,9 +12,43 @@ import random
 from pathlib import Path
 
 QUESTION = "What approval do refunds over 500 USD need?"
-WORDS = ("deploy incident billing refund approval finance lead customer invoice ledger runbook oncall "
-         "service latency budget quota rollout canary review policy escalation backup restore audit "
-         "cluster region failover token rotation schedule release migration schema index cache").split()  # fmt: skip
+WORDS = [
+    "deploy",
+    "incident",
+    "billing",
+    "refund",
+    "approval",
+    "finance",
+    "lead",
+    "customer",
+    "invoice",
+    "ledger",
+    "runbook",
+    "oncall",
+    "service",
+    "latency",
+    "budget",
+    "quota",
+    "rollout",
+    "canary",
+    "review",
+    "policy",
+    "escalation",
+    "backup",
+    "restore",
+    "audit",
+    "cluster",
+    "region",
+    "failover",
+    "token",
+    "rotation",
+    "schedule",
+    "release",
+    "migration",
+    "schema",
+    "index",
+    "cache",
+]
 FOLDERS = 40
 
 
@@ -22,12 +56,14 @@ def _page(rng: random.Random, wiki: int, number: int, pages: int) -> str:
     title = f"Topic {wiki}-{number} {rng.choice(WORDS).title()} {rng.choice(WORDS).title()}"
     words = [rng.choice(WORDS) for _ in range(150)]
     if number % 50 == 0:
-        words[10:10] = "refunds over 500 USD need approval from the finance lead".split()
+        words[10:10] = ["refunds", "over", "500", "USD", "need", "approval", "from", "the", "finance", "lead"]
     links = " ".join(f"[[{_page_id(rng.randrange(pages))}]]" for _ in range(3))
     body = " ".join(words[:75]) + ".\n\n## Details\n\n" + " ".join(words[75:]) + f".\n\nRelated: {links}\n"
     tags = ", ".join(sorted({rng.choice(WORDS) for _ in range(3)}))
-    return (f"---\ntitle: {title}\nreview_state: approved\ntags: [{tags}]\nsource_refs: [SRC-{wiki}-{number:05d}]\n"
-            f"---\n# {title}\n\n{body}")  # fmt: skip
+    return (
+        f"---\ntitle: {title}\nreview_state: approved\ntags: [{tags}]\nsource_refs: [SRC-{wiki}-{number:05d}]\n"
+        f"---\n# {title}\n\n{body}"
+    )
 
 
 def _page_id(number: int) -> str:

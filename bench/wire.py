@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 FrameHandler = Callable[["WsClient", bytearray, int, int], None]
 ResponseHandler = Callable[["HttpClient", bytearray, int, int], None]
@@ -31,8 +31,10 @@ def ws_frame(payload: bytes, opcode: int = _OP_TEXT) -> bytes:
 
 
 def upgrade_request(host: str, port: int, path: str) -> bytes:
-    return (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            "Sec-WebSocket-Key: YmVuY2gtY2xpZW50LWtleQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()  # fmt: skip
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: YmVuY2gtY2xpZW50LWtleQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
 
 
 class WsClient(asyncio.Protocol):
@@ -77,7 +79,7 @@ class WsClient(asyncio.Protocol):
             if end < 0:
                 return
             if not buf.startswith(b"HTTP/1.1 101"):
-                self.opened.set_exception(ConnectionError(bytes(buf[: end]).decode("latin-1")))
+                self.opened.set_exception(ConnectionError(bytes(buf[:end]).decode("latin-1")))
                 self.transport.close()  # type: ignore[union-attr]
                 return
             del buf[: end + 4]
@@ -115,8 +117,10 @@ class WsClient(asyncio.Protocol):
 
 
 def http_request(host: str, port: int, path: str, body: bytes, *, accept: str = "application/json") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Accept: {accept}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Accept: {accept}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 class HttpClient(asyncio.Protocol):

@@ -131,9 +131,7 @@ class Authenticator:
             raise Unauthorized()
         return principal
 
-    def authenticate_websocket(
-        self, authorization: str | None, subprotocols: Iterable[str]
-    ) -> tuple[str, str | None]:
+    def authenticate_websocket(self, authorization: str | None, subprotocols: Iterable[str]) -> tuple[str, str | None]:
         """The principal for a WebSocket upgrade and the subprotocol to echo on accept.
 
         The ``Authorization`` header wins when present; otherwise an offered subprotocol
@@ -174,9 +172,7 @@ class OriginPolicy:
             return True
         if origin in self._exact:
             return True
-        return any(
-            origin.startswith(prefix) and _valid_port(origin[len(prefix) :]) for prefix in self._prefixes
-        )
+        return any(origin.startswith(prefix) and _valid_port(origin[len(prefix) :]) for prefix in self._prefixes)
 
     def allows_all(self, origins: list[str]) -> bool:
         """Every ``Origin`` header must pass: a request carrying two is judged by both."""

@@ -15,7 +15,8 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import anyio
 import orjson
@@ -80,7 +81,7 @@ def build_app(config: BridgeConfig) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with orch, (mcp.lifespan() if mcp is not None else contextlib.nullcontext()):
+        async with orch, mcp.lifespan() if mcp is not None else contextlib.nullcontext():
             freeze_heap(collect=False)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(settle_heap, lambda: orch.idle)
@@ -149,8 +150,9 @@ def cmd_call(args: argparse.Namespace) -> int:
     if not isinstance(params, dict):
         print("xworkmate-bridge call: params must be a JSON object", file=sys.stderr)
         return 2
-    reply = anyio.run(lambda: call(args.url, args.method, params, token=args.token,
-                                   on_notification=_print if args.stream else None))  # fmt: skip
+    reply = anyio.run(
+        lambda: call(args.url, args.method, params, token=args.token, on_notification=_print if args.stream else None)
+    )
     _print(reply)
     if "error" in reply and reply["error"].get("code") == -32001:
         _explain(reply["error"])
@@ -171,8 +173,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.cwd:
         params["workingDirectory"] = os.path.abspath(args.cwd)
     if args.provider:
-        params["routing"] = {"routingMode": "explicit", "explicitExecutionTarget": "agent",
-                             "explicitProviderId": args.provider}  # fmt: skip
+        params["routing"] = {
+            "routingMode": "explicit",
+            "explicitExecutionTarget": "agent",
+            "explicitProviderId": args.provider,
+        }
     if args.model:
         params["model"] = args.model
 
@@ -194,8 +199,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             return await call(args.url, "session.start", params, token=args.token, on_notification=show)
         finally:  # the agent process should not outlive the command (it would idle for idleTimeout)
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                await _quietly(call(args.url, "session.close", {"sessionId": params["sessionId"]},
-                                    token=args.token, timeout=10))  # fmt: skip
+                await _quietly(
+                    call(args.url, "session.close", {"sessionId": params["sessionId"]}, token=args.token, timeout=10)
+                )
 
     started = time.monotonic()
     reply = anyio.run(run)
@@ -219,8 +225,11 @@ def cited_sources(result: dict[str, Any]) -> list[str]:
     the anchors."""
     used = sorted({int(n) for n in re.findall(r"\]\(#citation-([0-9]{1,6})\)", str(result.get("output") or ""))})
     artifacts = result.get("artifacts")
-    citations = next((a["citations"] for a in artifacts if isinstance(a, dict) and isinstance(a.get("citations"), list)),
-                     []) if isinstance(artifacts, list) else []  # fmt: skip
+    citations = (
+        next((a["citations"] for a in artifacts if isinstance(a, dict) and isinstance(a.get("citations"), list)), [])
+        if isinstance(artifacts, list)
+        else []
+    )
     lines = []
     for n in used:
         if 1 <= n <= len(citations) and isinstance(citations[n - 1], dict):
@@ -234,8 +243,10 @@ def cited_sources(result: dict[str, Any]) -> list[str]:
 def turn_summary(result: dict[str, Any], seconds: float) -> str:
     """``chat``'s closing line(s): ``[status] turnId=… provider=… seconds=…``, then the error's
     code and message, its hint and the agent's ``authMethods`` when the result carries them."""
-    summary = (f"[{result.get('status')}] turnId={result.get('turnId') or '-'} "
-               f"provider={result.get('resolvedProviderId') or '-'} seconds={seconds:.2f}")  # fmt: skip
+    summary = (
+        f"[{result.get('status')}] turnId={result.get('turnId') or '-'} "
+        f"provider={result.get('resolvedProviderId') or '-'} seconds={seconds:.2f}"
+    )
     if result.get("status") == "unavailable":
         summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
     elif isinstance(result.get("error"), dict):
@@ -245,8 +256,9 @@ def turn_summary(result: dict[str, Any], seconds: float) -> str:
         if data.get("hint"):
             summary += f"\nhint: {data['hint']}"
         if isinstance(data.get("authMethods"), list) and data["authMethods"]:  # ids for providers.<id>.authMethod
-            summary += "\nauthMethods: " + ", ".join(str(m.get("id", m) if isinstance(m, dict) else m)
-                                                     for m in data["authMethods"])  # fmt: skip
+            summary += "\nauthMethods: " + ", ".join(
+                str(m.get("id", m) if isinstance(m, dict) else m) for m in data["authMethods"]
+            )
     return summary
 
 
@@ -265,8 +277,9 @@ def _explain(error: dict[str, Any]) -> None:
 
 def cmd_providers(args: argparse.Namespace) -> int:
     if not args.local and (args.probe or args.config):
-        print("xworkmate-bridge providers: --probe and --config read the configuration and need --local",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "xworkmate-bridge providers: --probe and --config read the configuration and need --local", file=sys.stderr
+        )
         return 2
     if not args.local:
         from bridge.client import call
@@ -307,15 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
     config_help = "YAML configuration (default: $BRIDGE_CONFIG_PATH, else ./xworkmate-bridge.yaml)"
 
     def client_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--url", default=url, help="the bridge, http://… or ws://… (default: $BRIDGE_URL or %(default)s)")
+        p.add_argument(
+            "--url", default=url, help="the bridge, http://… or ws://… (default: $BRIDGE_URL or %(default)s)"
+        )
         p.add_argument("--token", default=token, help="bearer token (default: $BRIDGE_AUTH_TOKEN)")
 
     p = sub.add_parser("serve", help="run the HTTP/WebSocket server")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; off loopback a token is required)")
     p.add_argument("--port", type=int, help="port (default 8787)")
     p.add_argument("--config", help=config_help)
-    p.add_argument("--allow-insecure-no-auth", action="store_true",
-                   help="allow listening off loopback with no token (unsafe)")  # fmt: skip
+    p.add_argument(
+        "--allow-insecure-no-auth", action="store_true", help="allow listening off loopback with no token (unsafe)"
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("acp-stdio", help="serve the same methods over stdin/stdout")

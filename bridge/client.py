@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -40,9 +41,14 @@ def _headers(token: str | None) -> dict[str, str]:
 
 
 async def call(
-    url: str, method: str, params: dict[str, Any] | None, *, token: str | None = None,
-    on_notification: OnNotification | None = None, timeout: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    url: str,
+    method: str,
+    params: dict[str, Any] | None,
+    *,
+    token: str | None = None,
+    on_notification: OnNotification | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     """Send one request and return its response envelope (``result`` or ``error``).
 
     Args:
@@ -63,8 +69,13 @@ async def call(
         raise TransportError(f"cannot reach the bridge at {url}: {exc}") from exc
 
 
-async def _call_http(endpoint: str, request: dict[str, Any], token: str | None,
-                     on_notification: OnNotification | None, timeout: float | None) -> dict[str, Any]:  # fmt: skip
+async def _call_http(
+    endpoint: str,
+    request: dict[str, Any],
+    token: str | None,
+    on_notification: OnNotification | None,
+    timeout: float | None,
+) -> dict[str, Any]:
     headers = {**_headers(token), "Content-Type": "application/json", "Accept": "text/event-stream"}
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as client:
         async with client.stream("POST", endpoint, content=orjson.dumps(request), headers=headers) as response:
@@ -92,16 +103,22 @@ async def _call_http(endpoint: str, request: dict[str, Any], token: str | None,
             return reply
 
 
-async def _call_ws(endpoint: str, request: dict[str, Any], token: str | None,
-                   on_notification: OnNotification | None, timeout: float | None) -> dict[str, Any]:  # fmt: skip
+async def _call_ws(
+    endpoint: str,
+    request: dict[str, Any],
+    token: str | None,
+    on_notification: OnNotification | None,
+    timeout: float | None,
+) -> dict[str, Any]:
     import anyio
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus, WebSocketException
 
     try:
         with anyio.fail_after(timeout) if timeout else contextlib.nullcontext():
-            async with connect(endpoint, additional_headers=_headers(token), max_size=None,
-                               ping_interval=20, open_timeout=10) as ws:  # fmt: skip
+            async with connect(
+                endpoint, additional_headers=_headers(token), max_size=None, ping_interval=20, open_timeout=10
+            ) as ws:
                 await ws.send(orjson.dumps(request).decode())
                 async for frame in ws:
                     message = orjson.loads(frame)

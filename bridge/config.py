@@ -19,8 +19,17 @@ import yaml
 
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.profile_settings import ProfileConfig, ProfileConfigError, parse_profiles
-from compat.settings import (FieldInvalid, Limits, ProviderConfig, Seconds, Settings, SettingsError, Timeouts, convert,
-                             snake_case)
+from compat.settings import (
+    FieldInvalid,
+    Limits,
+    ProviderConfig,
+    Seconds,
+    Settings,
+    SettingsError,
+    Timeouts,
+    convert,
+    snake_case,
+)
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
 DEFAULT_FILE = "xworkmate-bridge.yaml"
@@ -62,8 +71,10 @@ class BridgeConfig(Settings, frozen=True):
     (which overwrites a ``-`` key of the file), not a configuration key."""
 
     def __post_init__(self) -> None:
-        named = [NamedToken(name=f"token-{i}", token=t) if isinstance(t, str) else t
-                 for i, t in enumerate(self.auth_tokens, start=1)]  # fmt: skip
+        named = [
+            NamedToken(name=f"token-{i}", token=t) if isinstance(t, str) else t
+            for i, t in enumerate(self.auth_tokens, start=1)
+        ]
         if any(not t.token for t in named):
             raise FieldInvalid("authTokens", "a token must not be empty")
         names = [t.name for t in named]
@@ -87,6 +98,7 @@ def _expand(value: Any, where: str, missing: list[str] | None = None) -> Any:
 
     def walk(item: Any, at: str) -> Any:
         if isinstance(item, str):
+
             def sub(match: re.Match[str]) -> str:
                 name = match.group(1)
                 if name not in os.environ:
@@ -194,9 +206,11 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
 
 
 _ENV_KEYS = (
-    ("BRIDGE_AUTH_TOKEN", "authTokens", True), ("ACP_ALLOWED_ORIGINS", "allowedOrigins", True),
-    ("BRIDGE_HOST", "host", False), ("BRIDGE_PORT", "port", False),
-)  # fmt: skip
+    ("BRIDGE_AUTH_TOKEN", "authTokens", True),
+    ("ACP_ALLOWED_ORIGINS", "allowedOrigins", True),
+    ("BRIDGE_HOST", "host", False),
+    ("BRIDGE_PORT", "port", False),
+)
 """Environment variables that override a key of the file: ``(name, key, comma-separated)``."""
 
 
@@ -208,8 +222,9 @@ def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:
 
     reserved = () if data.get("providers") is not None else (*PRESETS, "knowledge")
     try:
-        profiles, providers = parse_profiles(data.pop("profiles", None), data.get("providers"), profile_dir=base,
-                                             reserved=reserved, expand=False)  # _read_file expanded ${VAR}  # fmt: skip
+        profiles, providers = parse_profiles(
+            data.pop("profiles", None), data.get("providers"), profile_dir=base, reserved=reserved, expand=False
+        )  # _read_file expanded ${VAR}
     except ProfileConfigError as exc:
         raise ConfigError("\n".join(f"{source}: {line}" for line in str(exc).splitlines())) from exc
     if providers is not None:

@@ -12,7 +12,8 @@ This module is the one place where an exception becomes a wire error.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import anyio
 import msgspec
@@ -69,7 +70,9 @@ class Dispatcher:
             validation: compat.params); any other exception is -32603.
     """
 
-    def __init__(self, handlers: Mapping[str, Handler], immediate: Mapping[str, ImmediateHandler] | None = None) -> None:
+    def __init__(
+        self, handlers: Mapping[str, Handler], immediate: Mapping[str, ImmediateHandler] | None = None
+    ) -> None:
         self._handlers = dict(handlers)
         self._immediate = dict(immediate or {})
 
@@ -114,9 +117,7 @@ class Dispatcher:
             return None
         return reply
 
-    def serve_frame(
-        self, data: bytes | str | Frame, stream: EnvelopeStream, ctx: CallContext, tg: TaskGroup
-    ) -> None:
+    def serve_frame(self, data: bytes | str | Frame, stream: EnvelopeStream, ctx: CallContext, tg: TaskGroup) -> None:
         """Parse ``data`` (unless the transport already did) and start its requests in ``tg``;
         replies go to ``stream``.
 

@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 SETTLE_INTERVAL = 2.0
 """Seconds between two checks of :func:`settle_heap`."""

@@ -79,8 +79,13 @@ def create_app(
     auth = Authenticator.from_config(config, bind_host=bind_host)
     origins = OriginPolicy(config.allowed_origins)
     rpc = RpcEndpoint(dispatcher, auth, origins, config)
-    ws = AcpWebSocket(dispatcher, auth, origins, queue_size=config.limits.max_connection_queue,
-                      queue_bytes=config.limits.max_connection_queue_bytes)  # fmt: skip
+    ws = AcpWebSocket(
+        dispatcher,
+        auth,
+        origins,
+        queue_size=config.limits.max_connection_queue,
+        queue_bytes=config.limits.max_connection_queue_bytes,
+    )
     routes = [
         Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours); hottest first
         WebSocketRoute("/acp", ws),
@@ -180,7 +185,7 @@ class RpcHeaders:
     (bench case 2, cProfile of the ASGI app).
     """
 
-    __slots__ = ("origins", "authorization", "accept", "content_length")
+    __slots__ = ("accept", "authorization", "content_length", "origins")
 
     def __init__(self) -> None:
         self.origins: list[str] = []  # every Origin header: a request carrying two is judged by both
@@ -267,15 +272,14 @@ class RpcEndpoint:
     def lifespan(self, outer: Lifespan | None) -> Lifespan:
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[Any]:
-            async with outer(app) if outer else nullcontext() as state:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._deadlines.sweep)
-                    self._background = tg
-                    try:
-                        yield state
-                    finally:
-                        self._background = None
-                        tg.cancel_scope.cancel()
+            async with outer(app) if outer else nullcontext() as state, anyio.create_task_group() as tg:
+                tg.start_soon(self._deadlines.sweep)
+                self._background = tg
+                try:
+                    yield state
+                finally:
+                    self._background = None
+                    tg.cancel_scope.cancel()
 
         return lifespan
 
@@ -315,8 +319,15 @@ class RpcEndpoint:
         if "text/event-stream" in request.accept.lower():
             from bridge.sse import SseReply  # sse-starlette: ~5 ms of the cold start, imported when first used
 
-            return SseReply(self._dispatcher, frame, ctx, headers, keepalive=self._keepalive,
-                             queue_size=self._queue_size, queue_bytes=self._queue_bytes)  # fmt: skip
+            return SseReply(
+                self._dispatcher,
+                frame,
+                ctx,
+                headers,
+                keepalive=self._keepalive,
+                queue_size=self._queue_size,
+                queue_bytes=self._queue_bytes,
+            )
         return await self._json(frame, ctx, headers)
 
     async def _read(self, receive: Receive, declared: str, headers: dict[str, str]) -> bytes | Response:
@@ -363,8 +374,11 @@ class _JsonReply:
 
     def __init__(self, body: bytes, headers: dict[str, str]) -> None:
         self.body = body
-        self.raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]  # fmt: skip
+        self.raw_headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

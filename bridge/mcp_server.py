@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import orjson
@@ -39,8 +40,11 @@ Scope = dict[str, Any]
 def _result(result: ToolResult) -> Any:
     from mcp_types import CallToolResult, TextContent
 
-    return CallToolResult(content=[TextContent(type="text", text=result.text)], structured_content=result.structured,
-                          is_error=result.is_error)  # fmt: skip
+    return CallToolResult(
+        content=[TextContent(type="text", text=result.text)],
+        structured_content=result.structured,
+        is_error=result.is_error,
+    )
 
 
 def _source_error(tool: str, exc: SourceError | KnowledgeNotFound) -> ToolResult:
@@ -58,9 +62,15 @@ def build_server(service: Any) -> Any:
     from mcp_types import ListToolsResult, Tool, ToolAnnotations
 
     tools = KnowledgeTools(service)
-    listing = [Tool(name=s.name, description=s.description, input_schema=s.input_schema(),
-                    annotations=ToolAnnotations(read_only_hint=s.read_only, destructive_hint=False,
-                                                open_world_hint=False)) for s in SPECS.values()]  # fmt: skip
+    listing = [
+        Tool(
+            name=s.name,
+            description=s.description,
+            input_schema=s.input_schema(),
+            annotations=ToolAnnotations(read_only_hint=s.read_only, destructive_hint=False, open_world_hint=False),
+        )
+        for s in SPECS.values()
+    ]
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         return ListToolsResult(tools=listing)
@@ -77,9 +87,15 @@ def build_server(service: Any) -> Any:
         spec = SPECS.get(name)
         return spec.input_schema() if spec else None
 
-    return Server(SERVER_NAME, version=__version__, instructions="Knowledge sources of this xworkmate-bridge: "
-                  "answer with llmwiki_agent_run, or explore with get_wiki_content starting at /.",
-                  on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=input_schema)  # fmt: skip
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        instructions="Knowledge sources of this xworkmate-bridge: "
+        "answer with llmwiki_agent_run, or explore with get_wiki_content starting at /.",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=input_schema,
+    )
 
 
 READY_TIMEOUT = 30.0  # seconds a request waits for the MCP surface to finish starting
@@ -125,9 +141,11 @@ class McpApp:
 
         self.server = build_server(self._service)
         manager = StreamableHTTPSessionManager(
-            app=self.server, json_response=True, stateless=True,
+            app=self.server,
+            json_response=True,
+            stateless=True,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        )  # fmt: skip
+        )
         async with manager.run():
             self._handler = StreamableHTTPASGIApp(manager)
             ready.set()
@@ -167,8 +185,13 @@ class McpApp:
 
 async def _plain(send: Any, status: int, body: dict[str, Any]) -> None:
     data = orjson.dumps(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 

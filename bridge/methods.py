@@ -19,7 +19,6 @@ from bridge.rpc.errors import NotFound
 from compat.params import validated
 from orchestrator.service import Orchestrator
 
-
 METHODS = (
     "acp.capabilities",
     "xworkmate.routing.resolve",
@@ -89,8 +88,11 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
 
     def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
         validated(_models().GatewayParams, params)
-        return {"ok": False, "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
-                "error": _gateway_missing()}  # fmt: skip
+        return {
+            "ok": False,
+            "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
+            "error": _gateway_missing(),
+        }
 
     def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
         validated(_models().GatewayParams, params)
@@ -112,9 +114,26 @@ def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
             raise NotFound("no knowledge sources are configured")
         return orch.knowledge
 
-    handlers = dict(zip(METHODS, (capabilities, routing_resolve, start, message, cancel, close, permission,
-                                  gateway_connect, gateway_request, gateway_disconnect,
-                                  knowledge_sources, knowledge_read)))  # fmt: skip
+    handlers = dict(
+        zip(
+            METHODS,
+            (
+                capabilities,
+                routing_resolve,
+                start,
+                message,
+                cancel,
+                close,
+                permission,
+                gateway_connect,
+                gateway_request,
+                gateway_disconnect,
+                knowledge_sources,
+                knowledge_read,
+            ),
+            strict=False,
+        )
+    )
     return handlers
 
 

@@ -27,7 +27,7 @@ class Outbox:
         max_bytes: bytes that may wait (``limits.maxConnectionQueueBytes``).
     """
 
-    __slots__ = ("_queue", "_bytes", "_max_items", "_max_bytes", "_closed", "_waiter")
+    __slots__ = ("_bytes", "_closed", "_max_bytes", "_max_items", "_queue", "_waiter")
 
     def __init__(self, max_items: int, max_bytes: int) -> None:
         self._queue: deque[bytes] = deque()

@@ -87,9 +87,7 @@ class BridgeServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def serve(
-    config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.socket] | None = None
-) -> None:
+async def serve(config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.socket] | None = None) -> None:
     """Serve ``app`` until SIGTERM/SIGINT (or ``should_exit``), in the running event loop.
 
     Args:

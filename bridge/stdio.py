@@ -153,9 +153,7 @@ async def serve_stdio(
 
 
 class _StdioLink:
-    def __init__(
-        self, dispatcher: Dispatcher, stdin: ByteSource, stdout: ByteSink, limits: Limits
-    ) -> None:
+    def __init__(self, dispatcher: Dispatcher, stdin: ByteSource, stdout: ByteSink, limits: Limits) -> None:
         self._dispatcher, self._stdout, self._limit = dispatcher, stdout, limits.max_message_bytes
         self._reader = FrameReader(stdin, limits.max_message_bytes)
         self._outbox = Outbox(limits.max_connection_queue, limits.max_connection_queue_bytes)

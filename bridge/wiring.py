@@ -82,13 +82,19 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     for provider_id, entry in entries.items():
         adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge)
     for profile_id, profile in config.profiles.items():
-        adapters[profile_id] = ProfileAdapter(profile_id, profile, config.limits, config.timeouts,
-                                              profile_dir=config.profile_dir)  # fmt: skip
+        adapters[profile_id] = ProfileAdapter(
+            profile_id, profile, config.limits, config.timeouts, profile_dir=config.profile_dir
+        )
         enabled.add(profile_id)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}
     return Orchestrator(
-        registry, config.roots(), config.limits, config.timeouts,
-        gateway_configured=bool(config.gateway), bridge_info=info, methods=list(METHODS),
+        registry,
+        config.roots(),
+        config.limits,
+        config.timeouts,
+        gateway_configured=bool(config.gateway),
+        bridge_info=info,
+        methods=list(METHODS),
         knowledge=knowledge,
-    )  # fmt: skip
+    )

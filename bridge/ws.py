@@ -29,9 +29,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.dispatch import CallContext, Dispatcher
+from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest, OriginNotAllowed, RpcError, Unauthorized
-from bridge.outbox import Outbox
 from bridge.rpc.stream import EnvelopeStream
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,14 @@ class AcpWebSocket:
     """
 
     def __init__(
-        self, dispatcher: Dispatcher, auth: Authenticator, origins: OriginPolicy, *, queue_size: int,
+        self,
+        dispatcher: Dispatcher,
+        auth: Authenticator,
+        origins: OriginPolicy,
+        *,
+        queue_size: int,
         queue_bytes: int = 16 * 1024 * 1024,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._dispatcher = dispatcher
         self._auth = auth
         self._origins = origins
@@ -88,14 +93,19 @@ class AcpWebSocket:
             await _deny(websocket, 401, exc, {"WWW-Authenticate": "Bearer"})
             return
         await websocket.accept(subprotocol=subprotocol)
-        connection = Connection(websocket, self._dispatcher, principal, queue_size=self._queue_size,
-                                queue_bytes=self._queue_bytes, receive=receive, send=send)  # fmt: skip
+        connection = Connection(
+            websocket,
+            self._dispatcher,
+            principal,
+            queue_size=self._queue_size,
+            queue_bytes=self._queue_bytes,
+            receive=receive,
+            send=send,
+        )
         await connection.run()
 
 
-async def _deny(
-    websocket: WebSocket, status: int, error: RpcError, headers: dict[str, str] | None = None
-) -> None:
+async def _deny(websocket: WebSocket, status: int, error: RpcError, headers: dict[str, str] | None = None) -> None:
     """Refuse the upgrade with ``status`` and a JSON envelope body (ASGI denial-response
     extension); servers without it can only answer a bare 403."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
@@ -120,9 +130,16 @@ class Connection:
     """
 
     def __init__(
-        self, websocket: WebSocket, dispatcher: Dispatcher, principal: str, *, queue_size: int,
-        queue_bytes: int = 16 * 1024 * 1024, receive: Receive | None = None, send: Send | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        websocket: WebSocket,
+        dispatcher: Dispatcher,
+        principal: str,
+        *,
+        queue_size: int,
+        queue_bytes: int = 16 * 1024 * 1024,
+        receive: Receive | None = None,
+        send: Send | None = None,
+    ) -> None:
         self._ws = websocket
         self._receive = receive or websocket.receive
         self._send = send or websocket.send

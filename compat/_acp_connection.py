@@ -42,9 +42,7 @@ logger = logging.getLogger(__name__)
 class AcpConnection:
     """An agent process speaking ACP; create with :meth:`start`."""
 
-    def __init__(
-        self, process: AgentProcess, peer: JsonRpcPeer, timeouts: Timeouts, launch_model: str | None
-    ) -> None:
+    def __init__(self, process: AgentProcess, peer: JsonRpcPeer, timeouts: Timeouts, launch_model: str | None) -> None:
         self.process = process
         self.peer = peer
         self.launch_model = launch_model
@@ -159,9 +157,7 @@ class AcpConnection:
             },
             "clientInfo": CLIENT_INFO,
         }
-        result = await self.peer.request(
-            "initialize", params, timeout=self._timeouts.initialize_timeout
-        )
+        result = await self.peer.request("initialize", params, timeout=self._timeouts.initialize_timeout)
         self.initialize_result = result if isinstance(result, dict) and result else {"ok": True}
         return self.initialize_result
 
@@ -176,9 +172,7 @@ class AcpConnection:
         except ResponseError as exc:
             if exc.code != AUTH_REQUIRED or not auth_method:
                 raise
-        await self.peer.request(
-            "authenticate", {"methodId": auth_method}, timeout=self._timeouts.initialize_timeout
-        )
+        await self.peer.request("authenticate", {"methodId": auth_method}, timeout=self._timeouts.initialize_timeout)
         return await self._new_session(cwd)
 
     async def _new_session(self, cwd: str) -> dict[str, Any]:
@@ -206,9 +200,7 @@ class AcpConnection:
 
     async def prompt(self, session_id: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
         """``session/prompt`` with no bound of its own: the turn timeout bounds it."""
-        result = await self.peer.request(
-            "session/prompt", {"sessionId": session_id, "prompt": blocks}, timeout=None
-        )
+        result = await self.peer.request("session/prompt", {"sessionId": session_id, "prompt": blocks}, timeout=None)
         return result if isinstance(result, dict) else {}
 
     async def cancel(self, session_id: str) -> None:
@@ -227,4 +219,3 @@ class AcpConnection:
     async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         result = await self.peer.request(method, params, timeout=self._timeouts.session_new_timeout)
         return result if isinstance(result, dict) else {}
-

@@ -40,9 +40,13 @@ IGNORED_UPDATE_KINDS = ("user_message_chunk",)
 
 TOOL_CALL_FIELDS = ("toolCallId", "title", "kind", "status", "locations", "content")
 _PROMPT_USAGE_KEYS = (
-    "inputTokens", "outputTokens", "totalTokens",
-    "thoughtTokens", "cachedReadTokens", "cachedWriteTokens",
-)  # fmt: skip
+    "inputTokens",
+    "outputTokens",
+    "totalTokens",
+    "thoughtTokens",
+    "cachedReadTokens",
+    "cachedWriteTokens",
+)
 _PERMISSION_PREFERENCE: dict[str, tuple[str, ...]] = {
     "allow": ("allow_once", "allow_always"),
     "deny": ("reject_once", "reject_always"),

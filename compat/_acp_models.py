@@ -80,9 +80,7 @@ class ModelState:
         self._applied = model
         return model
 
-    async def _set_option(
-        self, conn: AcpConnection, session_id: str, option: dict[str, Any], model: str
-    ) -> None:
+    async def _set_option(self, conn: AcpConnection, session_id: str, option: dict[str, Any], model: str) -> None:
         if option.get("currentValue") == model:
             return
         result = await conn.set_config_option(session_id, option["id"], model)

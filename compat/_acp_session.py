@@ -196,9 +196,7 @@ class AcpSession:
 
     async def _connect(self, host: anyio.abc.TaskGroup, cwd: str, model: str | None) -> AcpConnection:
         conn = self._conn
-        if conn is not None and (
-            not conn.alive or self._idle_expired() or self._models.needs_relaunch(conn, model)
-        ):
+        if conn is not None and (not conn.alive or self._idle_expired() or self._models.needs_relaunch(conn, model)):
             await self._drop_conn()
             conn = None
         if conn is not None:

@@ -20,7 +20,6 @@ from compat._acp_mapping import UpdateMapper, redact_data
 from compat.base import TurnError, TurnEvent, TurnOutcome, TurnRequest, TurnSink
 from compat.jsonrpc_peer import PeerClosed, PeerError, PeerProtocolError, RequestTimeout, ResponseError
 
-
 AUTH_HINT = (
     "agents get only an allow-listed environment: put the agent's API key under providers.<id>.env "
     "(or name it in envPassthrough), or set providers.<id>.authMethod to one of authMethods"

@@ -225,9 +225,13 @@ class PidfdProcess(anyio.abc.Process):
     """
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], pidfd: int, stdin: _PipeSendStream | None,
-        stdout: PipeReceiveStream, stderr: PipeReceiveStream,
-    ) -> None:  # fmt: skip
+        self,
+        popen: subprocess.Popen[bytes],
+        pidfd: int,
+        stdin: _PipeSendStream | None,
+        stdout: PipeReceiveStream,
+        stderr: PipeReceiveStream,
+    ) -> None:
         self._popen = popen
         self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
         self._exited = anyio.Event()
@@ -346,10 +350,15 @@ def _popen(
             ours[name], child_end = (write_end, read_end) if name == "stdin" else (read_end, write_end)
             theirs.append(child_end)
         popen = subprocess.Popen(
-            list(argv), stdin=theirs[2] if stdin_pipe else subprocess.DEVNULL, stdout=theirs[0],
-            stderr=theirs[1], cwd=cwd, env=dict(env), start_new_session=NEW_SESSION,
+            list(argv),
+            stdin=theirs[2] if stdin_pipe else subprocess.DEVNULL,
+            stdout=theirs[0],
+            stderr=theirs[1],
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=NEW_SESSION,
             process_group=None if NEW_SESSION else 0,
-        )  # fmt: skip
+        )
     except BaseException:
         for fd in ours.values():
             os.close(fd)

@@ -56,9 +56,20 @@ if TYPE_CHECKING:  # psutil is imported with the first child, not at start (~6 m
 logger = logging.getLogger(__name__)
 
 ENV_ALLOW = (
-    "PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "SSL_CERT_FILE",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-)  # fmt: skip
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "TZ",
+    "TMPDIR",
+    "SSL_CERT_FILE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
 ENV_ALLOW_PREFIXES = ("LC_", "XDG_")
 ENV_NEVER = frozenset({"BRIDGE_AUTH_TOKEN"})
 """Never handed to a child, even when an operator lists it: it would let the agent drive us."""
@@ -130,11 +141,7 @@ def child_env(
         The allow-listed variables, the passthrough names and ``env``, minus :data:`ENV_NEVER`.
     """
     parent = os.environ if parent is None else parent
-    out = {
-        name: value
-        for name, value in parent.items()
-        if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES)
-    }
+    out = {name: value for name, value in parent.items() if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES)}
     for name in passthrough:
         if name in parent:
             out[name] = parent[name]
@@ -238,9 +245,11 @@ class AgentProcess:
         return text if max_bytes is None else cut_tail(text, max_bytes)
 
     async def pump_stderr(
-        self, *, track_descendants: bool = True,
+        self,
+        *,
+        track_descendants: bool = True,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Drain stderr into the bounded tail until EOF; run it in the caller's task group.
 
         With ``track_descendants`` this also runs :meth:`track_descendants` meanwhile; it returns

@@ -30,8 +30,12 @@ ENV_MESSAGE_MAX_BYTES = 128 * 1024 - len("AGENT_MESSAGE=") - 1  # Linux MAX_ARG_
 SESSION_ID_MAX_CHARS = 1024
 _PARTIAL, _SESSION, _ERROR = b"AGENT_PARTIAL:", b"AGENT_SESSION:", b"AGENT_ERROR:"
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
-_USAGE_NAMES = {"input_tokens": "inputTokens", "output_tokens": "outputTokens",
-                "cache_read_input_tokens": "cachedReadTokens", "cache_creation_input_tokens": "cachedWriteTokens"}  # fmt: skip
+_USAGE_NAMES = {
+    "input_tokens": "inputTokens",
+    "output_tokens": "outputTokens",
+    "cache_read_input_tokens": "cachedReadTokens",
+    "cache_creation_input_tokens": "cachedWriteTokens",
+}
 
 
 # ---- what a parser reports besides ordinary turn events -----------------------------------------
@@ -246,8 +250,14 @@ class ClaudeStreamParser:
         events: list[ParsedEvent] = []
         for block in _blocks(message):
             if block.get("type") == "tool_use" and isinstance(block.get("id"), str):
-                call = {"toolCallId": block["id"], "title": str(block.get("name") or "tool"), "kind": "other",
-                        "status": "in_progress", "locations": [], "content": []}  # fmt: skip
+                call = {
+                    "toolCallId": block["id"],
+                    "title": str(block.get("name") or "tool"),
+                    "kind": "other",
+                    "status": "in_progress",
+                    "locations": [],
+                    "content": [],
+                }
                 self._tools[block["id"]] = call
                 events.append(ToolCallEvent(dict(call)))
         return events
@@ -306,6 +316,16 @@ def _usage(result: dict[str, Any]) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "Body", "ClaudeStreamParser", "ExecLineParser", "Partial", "ParsedEvent", "ProfileFailed", "SessionReport",
-    "cut_utf8", "fill_placeholders", "message_for_env", "protocol_env", "wire_safe",
-]  # fmt: skip
+    "Body",
+    "ClaudeStreamParser",
+    "ExecLineParser",
+    "ParsedEvent",
+    "Partial",
+    "ProfileFailed",
+    "SessionReport",
+    "cut_utf8",
+    "fill_placeholders",
+    "message_for_env",
+    "protocol_env",
+    "wire_safe",
+]

@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 import math
 import signal
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import anyio
 import msgspec
@@ -127,9 +128,13 @@ class ProfileRun:
         try:
             with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
                 self.process = await spawn(
-                    launch.argv, cwd=launch.cwd, env=launch.env, max_line_bytes=self._limits.max_agent_line_bytes,
-                    stderr_tail_bytes=self._limits.stderr_tail_bytes, stdin_pipe=launch.stdin is not None,
-                )  # fmt: skip
+                    launch.argv,
+                    cwd=launch.cwd,
+                    env=launch.env,
+                    max_line_bytes=self._limits.max_agent_line_bytes,
+                    stderr_tail_bytes=self._limits.stderr_tail_bytes,
+                    stdin_pipe=launch.stdin is not None,
+                )
         except SpawnError as exc:
             data = {"command": exc.command, "reason": exc.reason}
             error = TurnError("PROFILE_ERROR", redact(str(exc)), data)
@@ -303,7 +308,7 @@ async def _feed(proc: AgentProcess, data: bytes) -> None:
     except anyio.BrokenResourceError:
         logger.debug("pid %d closed stdin before reading the whole message", proc.pid)
     # AgentProcess has no public "close stdin" yet; its own helper is bounded and quiet.
-    await proc._close_stdin()  # noqa: SLF001
+    await proc._close_stdin()
 
 
 def _signal_name(number: int) -> str:

@@ -37,7 +37,7 @@ from compat.jsonrpc_peer import (
 from compat.presets import find_command
 from compat.settings import Limits, ProviderConfig, Timeouts
 
-__all__ = ["AcpAdapter", "AcpSession", "IGNORED_UPDATE_KINDS", "UNMAPPED_UPDATE_KINDS"]
+__all__ = ["IGNORED_UPDATE_KINDS", "UNMAPPED_UPDATE_KINDS", "AcpAdapter", "AcpSession"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +50,7 @@ class AcpAdapter:
     Matches ``AdapterFactory``: ``AcpAdapter(provider_id, config, limits, timeouts)``.
     """
 
-    def __init__(
-        self, provider_id: str, config: ProviderConfig, limits: Limits, timeouts: Timeouts
-    ) -> None:
+    def __init__(self, provider_id: str, config: ProviderConfig, limits: Limits, timeouts: Timeouts) -> None:
         label = config.label or provider_id
         self.info = ProviderInfo(provider_id=provider_id, label=label, category="acp")
         self.config = config

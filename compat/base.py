@@ -12,7 +12,8 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Protocol
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -83,9 +84,7 @@ class TurnSink(Protocol):
 
     def emit(self, event: TurnEvent) -> None: ...
 
-    async def ask_permission(
-        self, tool_call: dict[str, Any], options: list[dict[str, Any]]
-    ) -> str | None:
+    async def ask_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> str | None:
         """Forward a permission request to the client (policy ``ask``).
 
         Returns:

@@ -82,7 +82,7 @@ class RequestTimeout(PeerError):
 
 
 class _Pending:
-    __slots__ = ("done", "result", "error")
+    __slots__ = ("done", "error", "result")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
@@ -236,8 +236,7 @@ class JsonRpcPeer:
                     break
         if self._stdout_ended.is_set():
             return
-        logger.debug("pid %d exited with %s; a descendant holds stdout, not waiting for EOF",
-                     self.process.pid, code)  # fmt: skip
+        logger.debug("pid %d exited with %s; a descendant holds stdout, not waiting for EOF", self.process.pid, code)
         self._fail(PeerClosed(code, self.process.stderr_tail(self._tail_bytes)))
         reading.cancel()
 
@@ -302,9 +301,7 @@ class JsonRpcPeer:
             if self._busy == 0:
                 self._idle.set()
 
-    async def _reply(
-        self, request_id: Any, *, result: Any = None, error: ResponseError | None = None
-    ) -> None:
+    async def _reply(self, request_id: Any, *, result: Any = None, error: ResponseError | None = None) -> None:
         if error is None:
             msg: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "result": result}
         else:

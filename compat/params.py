@@ -50,8 +50,10 @@ def invalid_params(exc: ValidationError | SettingsError, prefix: str = "") -> In
     if isinstance(exc, SettingsError):
         errors = [{"loc": p.loc, "type": p.type, "msg": p.msg} for p in exc.problems]
     else:
-        errors = [{"loc": ".".join(str(p) for p in (prefix, *err["loc"]) if p != ""), "type": err["type"],
-                   "msg": err["msg"]} for err in exc.errors(include_url=False, include_input=False)]  # fmt: skip
+        errors = [
+            {"loc": ".".join(str(p) for p in (prefix, *err["loc"]) if p != ""), "type": err["type"], "msg": err["msg"]}
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
     first = errors[0] if errors else {"loc": prefix, "msg": "invalid"}
     where = f"{first['loc']}: " if first["loc"] else ""
     return InvalidParams(f"Invalid params: {where}{first['msg']}", errors=errors)

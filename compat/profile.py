@@ -50,9 +50,15 @@ class ProfileAdapter:
     """
 
     def __init__(
-        self, provider_id: str, profile: ProfileConfig, limits: Limits, timeouts: Timeouts, *,
-        profile_dir: str | os.PathLike[str], config_path: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        provider_id: str,
+        profile: ProfileConfig,
+        limits: Limits,
+        timeouts: Timeouts,
+        *,
+        profile_dir: str | os.PathLike[str],
+        config_path: str | None = None,
+    ) -> None:
         self.info = ProviderInfo(provider_id=provider_id, label=profile.label or provider_id, category="profile")
         self.profile = profile
         self.limits = limits
@@ -102,8 +108,12 @@ class ProfileAdapter:
         """
         profile = self.profile
         prefix = resolve_runtime(profile, self.profile_dir, where=self.where)
-        values = {"MESSAGE": wire_safe(request.prompt), "SESSION_ID": upstream_session_id or "",
-                  "SESSION_NAME": request.thread_id or "default", "PROFILE_DIR": str(self.profile_dir)}  # fmt: skip
+        values = {
+            "MESSAGE": wire_safe(request.prompt),
+            "SESSION_ID": upstream_session_id or "",
+            "SESSION_NAME": request.thread_id or "default",
+            "PROFILE_DIR": str(self.profile_dir),
+        }
         args = [fill_placeholders(arg, values) for arg in profile.args]
         env = _profile_env(profile.env, values)
         message = values["MESSAGE"].encode("utf-8")
@@ -120,10 +130,16 @@ class ProfileAdapter:
             parser = ExecLineParser(profile.cli_session_first_line_prefix)
             stdin = message if profile.stdin == "message" or truncated else None
         return Launch(
-            argv=[*argv, *args], cwd=self._cwd(request, values), env=env, stdin=stdin, parser=parser,
-            streaming=profile.streaming, timeout=min(profile.timeout_secs, self.timeouts.turn_timeout),
-            send_error_reply=profile.send_error_reply, include_stderr=profile.include_stderr_in_reply,
-        )  # fmt: skip
+            argv=[*argv, *args],
+            cwd=self._cwd(request, values),
+            env=env,
+            stdin=stdin,
+            parser=parser,
+            streaming=profile.streaming,
+            timeout=min(profile.timeout_secs, self.timeouts.turn_timeout),
+            send_error_reply=profile.send_error_reply,
+            include_stderr=profile.include_stderr_in_reply,
+        )
 
     def _cwd(self, request: TurnRequest, values: dict[str, str]) -> str:
         if not self.profile.cwd:
@@ -166,8 +182,9 @@ class ProfileSession:
         async with self._lock:
             if self._closed:
                 return TurnOutcome("failed", error=TurnError("PROFILE_ERROR", "the session is closed"))
-            run = self._run = ProfileRun(sink, self._adapter.limits, self._adapter.timeouts.cancel_grace,
-                                         self.upstream_session_id)  # fmt: skip
+            run = self._run = ProfileRun(
+                sink, self._adapter.limits, self._adapter.timeouts.cancel_grace, self.upstream_session_id
+            )
             try:
                 return await self._run_in_slot(run, request)
             finally:

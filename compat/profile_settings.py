@@ -25,9 +25,15 @@ from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsErro
 TSX_VERSION = "4.23.15"  # keep in step with scripts/install-profile-tools.sh
 CLAUDE_CLI = "node_modules/@anthropic-ai/claude-agent-sdk/cli.js"
 RUNTIMES: Mapping[str, str] = {
-    ".py": "python3", ".js": "node", ".mjs": "node", ".cjs": "node", ".ts": "tsx",
-    ".sh": "bash", ".bash": "bash", ".rb": "ruby",
-}  # fmt: skip
+    ".py": "python3",
+    ".js": "node",
+    ".mjs": "node",
+    ".cjs": "node",
+    ".ts": "tsx",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".rb": "ruby",
+}
 _SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "fish", "ash"})
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -79,8 +85,10 @@ class ProfileConfig(Settings, frozen=True, rename=None):
         if self.type == "exec" and not (self.script or self.command):
             raise ValueError("one of script or command is required (or type: claude-code)")
         if _shell_with_message(self.command, self.args):
-            raise ValueError("{{MESSAGE}} in args of a shell run with -c would let the message run as code; "
-                             "read $AGENT_MESSAGE in the script instead")  # fmt: skip
+            raise ValueError(
+                "{{MESSAGE}} in args of a shell run with -c would let the message run as code; "
+                "read $AGENT_MESSAGE in the script instead"
+            )
 
 
 def expand_vars(value: str) -> str:
@@ -195,7 +203,9 @@ def parse_profiles(
         if rest is not None and profile_id in rest:
             raise ProfileConfigError(f"profiles.{profile_id}: the id is also used by providers.{profile_id}")
         if profile_id in taken:
-            raise ProfileConfigError(f"profiles.{profile_id}: the id is already used by the built-in provider {profile_id}")
+            raise ProfileConfigError(
+                f"profiles.{profile_id}: the id is already used by the built-in provider {profile_id}"
+            )
         found[str(profile_id)] = parse_profile(f"profiles.{profile_id}", raw, expand=expand)
     for provider_id, raw in (providers or {}).items():
         if isinstance(raw, Mapping) and raw.get("type") in ("profile", "claude-code"):
@@ -298,15 +308,18 @@ def resolve_runtime(
         ProfileConfigError: The script is missing or not executable, or a runtime is not installed.
     """
     base = Path(profile_dir)
-    command, script_value = (None if v is None else v.replace("{{PROFILE_DIR}}", str(base))
-                             for v in (profile.command, profile.script))  # fmt: skip
+    command, script_value = (
+        None if v is None else v.replace("{{PROFILE_DIR}}", str(base)) for v in (profile.command, profile.script)
+    )
     if profile.type == "claude-code" and not script_value:
         if command:
             return _command(command, base, where)
         cli = find_claude_cli()
         if cli is None:
-            raise ProfileConfigError(f"{where}.type: claude-code needs {CLAUDE_CLI} from claude-agent-acp "
-                                     f"in {agents_dir()} (run `make agents`)")  # fmt: skip
+            raise ProfileConfigError(
+                f"{where}.type: claude-code needs {CLAUDE_CLI} from claude-agent-acp "
+                f"in {agents_dir()} (run `make agents`)"
+            )
         return [_runtime("node", f"{where}.type"), cli]
     if not script_value:
         assert command is not None
@@ -323,4 +336,3 @@ def resolve_runtime(
             raise ProfileConfigError(f"{where}.script: {str(script)!r} {reason}")
         return [str(script)]
     return [_runtime(runtime, f"{where}.script"), str(script)]
-

@@ -121,8 +121,9 @@ def _prepare(raw: Any, shape: Any, where: str = "") -> Any:
         for f in msgspec.structs.fields(shape):
             if f.name != f.encode_name and f.name in out:
                 if f.encode_name in out:
-                    raise SettingsError([Problem(_join(where, f.encode_name), f"given twice, also as {f.name}",
-                                                 "duplicate_key")])  # fmt: skip
+                    raise SettingsError(
+                        [Problem(_join(where, f.encode_name), f"given twice, also as {f.name}", "duplicate_key")]
+                    )
                 out[f.encode_name] = out.pop(f.name)
             if f.encode_name in out:
                 out[f.encode_name] = _prepare(out[f.encode_name], f.type, _join(where, f.encode_name))
@@ -134,8 +135,10 @@ def _prepare(raw: Any, shape: Any, where: str = "") -> Any:
     return raw
 
 
-_BOOLS = {**dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
-          **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False)}  # fmt: skip
+_BOOLS = {
+    **dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
+    **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False),
+}
 """The strings pydantic's lax mode reads as booleans."""
 
 
@@ -170,7 +173,9 @@ def _unwrap(shape: Any) -> Any:
         origin = get_origin(shape)
         if origin is Annotated:
             shape = get_args(shape)[0]
-        elif origin in (Union, types.UnionType) and len(arms := [a for a in get_args(shape) if a is not type(None)]) == 1:
+        elif (
+            origin in (Union, types.UnionType) and len(arms := [a for a in get_args(shape) if a is not type(None)]) == 1
+        ):
             shape = arms[0]
         else:
             return shape
@@ -182,8 +187,15 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>.*)`$", re.DOTA
 _MISSING = re.compile(r"^Object missing required field `(?P<name>.*)`$", re.DOTALL)
 _WRONG_TYPE = re.compile(r"^Expected `(?P<type>\w+)`, got `\w+`$")
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
-_TYPES = {"str": "string_type", "int": "int_type", "float": "float_type", "bool": "bool_type", "array": "list_type",
-          "object": "dict_type", "null": "none_required"}  # fmt: skip
+_TYPES = {
+    "str": "string_type",
+    "int": "int_type",
+    "float": "float_type",
+    "bool": "bool_type",
+    "array": "list_type",
+    "object": "dict_type",
+    "null": "none_required",
+}
 """msgspec's type names → the error ``type`` pydantic reports for the same failure (the params
 that stay pydantic use those, so one request's ``data.errors`` speak one vocabulary)."""
 
@@ -233,7 +245,8 @@ def _did_you_mean(name: str, struct: Any) -> str:
     known = [f.encode_name for f in msgspec.structs.fields(struct)]
     folded = {k.replace("_", "").lower(): k for k in known}
     close = folded.get(name.replace("_", "").replace("-", "").lower()) or next(
-        iter(difflib.get_close_matches(name, known, n=1, cutoff=0.8)), None)
+        iter(difflib.get_close_matches(name, known, n=1, cutoff=0.8)), None
+    )
     return f" (did you mean {close}?)" if close else ""
 
 
@@ -254,7 +267,7 @@ def _locate(steps: list[str], raw: Any, shape: type[Any], error: str) -> list[An
             path.append(int(step) if isinstance(node, list) and step.isdigit() else step)
             continue
         entries = list(node.items()) if isinstance(node, dict) else []
-        fails = lambda k: _still_fails(raw, path, narrowed_at, dict(entries[:k]), shape, error)  # noqa: E731
+        fails = lambda k, entries=entries: _still_fails(raw, path, narrowed_at, dict(entries[:k]), shape, error)  # noqa: E731
         if not entries or not fails(len(entries)):
             return [*path, "…"]
         lo, hi = 1, len(entries)
@@ -268,17 +281,18 @@ def _locate(steps: list[str], raw: Any, shape: type[Any], error: str) -> list[An
 
 def _at(raw: Any, path: list[Any]) -> Any:
     for key in path:
-        if isinstance(raw, dict) and key in raw:
-            raw = raw[key]
-        elif isinstance(raw, list) and isinstance(key, int) and key < len(raw):
+        if (isinstance(raw, dict) and key in raw) or (
+            isinstance(raw, list) and isinstance(key, int) and key < len(raw)
+        ):
             raw = raw[key]
         else:
             return None
     return raw
 
 
-def _still_fails(raw: Any, path: list[Any], narrowed_at: set[int], entries: dict[Any, Any], shape: type[Any],
-                 error: str) -> bool:  # fmt: skip
+def _still_fails(
+    raw: Any, path: list[Any], narrowed_at: set[int], entries: dict[Any, Any], shape: type[Any], error: str
+) -> bool:
     def narrowed(node: Any, depth: int) -> Any:
         if depth == len(path):
             return entries

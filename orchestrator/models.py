@@ -17,8 +17,9 @@ from pydantic.alias_generators import to_camel
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True,
-                              defer_build=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True, defer_build=True
+    )
 
 
 class AttachmentParam(_Params):
@@ -34,8 +35,9 @@ class SessionRef(_Params):
 class TurnParams(_Params):
     """``session.start`` / ``session.message``."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True,
-                              defer_build=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True, defer_build=True
+    )
 
     session_id: str = Field(min_length=1, max_length=512)
     thread_id: str | None = Field(None, max_length=512)
@@ -148,7 +150,9 @@ class TurnErrorInfo(_Result):
 
 
 class TurnResult(_Result):
-    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)  # provider families add fields (artifacts, …)
+    model_config = ConfigDict(
+        extra="allow", frozen=True, defer_build=True
+    )  # provider families add fields (artifacts, …)
 
     success: bool
     status: str

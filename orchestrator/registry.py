@@ -98,9 +98,12 @@ class ProviderRegistry:
             info = self._adapters[provider_id].info
             probe = self.status(provider_id)
             entry: dict[str, Any] = {
-                "providerId": provider_id, "label": info.label, "targets": list(info.targets),
-                "category": info.category, "enabled": probe.available,
-            }  # fmt: skip
+                "providerId": provider_id,
+                "label": info.label,
+                "targets": list(info.targets),
+                "category": info.category,
+                "enabled": probe.available,
+            }
             if not probe.available:
                 entry["unavailableReason"] = probe.detail or probe.status
             entries.append(entry)

@@ -10,19 +10,43 @@ match "want"); CJK keywords match as substrings.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import msgspec
 
 LOCAL_KEYWORDS = (
-    "ppt", "pptx", "powerpoint", "word", "docx", "excel", "xlsx", "pdf", "image-resizer",
-    "resize image", "compress image", "crop image",
-)  # fmt: skip
+    "ppt",
+    "pptx",
+    "powerpoint",
+    "word",
+    "docx",
+    "excel",
+    "xlsx",
+    "pdf",
+    "image-resizer",
+    "resize image",
+    "compress image",
+    "crop image",
+)
 ONLINE_KEYWORDS = (
-    "image-cog", "wan", "video-translator", "browser", "search", "news", "资讯采集", "跨浏览器",
-    "文生图", "文生视频", "图生视频", "视频翻译", "translate video", "dub video", "subtitles",
-)  # fmt: skip
+    "image-cog",
+    "wan",
+    "video-translator",
+    "browser",
+    "search",
+    "news",
+    "资讯采集",
+    "跨浏览器",
+    "文生图",
+    "文生视频",
+    "图生视频",
+    "视频翻译",
+    "translate video",
+    "dub video",
+    "subtitles",
+)
 
 
 class BuiltinSkill(msgspec.Struct, frozen=True):
@@ -39,20 +63,28 @@ BUILTIN_SKILLS = (
     BuiltinSkill("image-resizer", "image-resizer", ("image-resizer", "resize image", "compress image", "crop image")),
     BuiltinSkill("image-cog", "image-cog", ("image-cog", "consistent characters")),
     BuiltinSkill(
-        "image-video-generation-editting", "image-video-generation-editting",
+        "image-video-generation-editting",
+        "image-video-generation-editting",
         ("wan", "文生图", "文生视频", "图生视频", "视频编辑", "video generation"),
     ),
-    BuiltinSkill("video-translator", "video-translator", ("video-translator", "translate video", "dub", "subtitles", "视频翻译")),
+    BuiltinSkill(
+        "video-translator", "video-translator", ("video-translator", "translate video", "dub", "subtitles", "视频翻译")
+    ),
     BuiltinSkill("browser-automation", "Browser Automation", ("browser", "跨浏览器", "browser automation", "资讯采集")),
     BuiltinSkill("find-skills", "find-skills", ("find-skills", "find skills")),
-)  # fmt: skip
+)
 
 # Routing reads only the start of a prompt and a bounded skill list: a pasted 3 MB prompt or 2,000
 # skills must not hold the event loop (every other client waits while routing runs).
 ROUTING_PROMPT_CHARS = 8192
 MAX_AVAILABLE_SKILLS = 256
 
-TARGET_ALIASES = {"singleagent": "single-agent", "single-agent": "single-agent", "agent": "single-agent", "gateway": "gateway"}
+TARGET_ALIASES = {
+    "singleagent": "single-agent",
+    "single-agent": "single-agent",
+    "agent": "single-agent",
+    "gateway": "gateway",
+}
 
 
 @lru_cache(maxsize=1024)
@@ -103,7 +135,9 @@ class RoutingInput(msgspec.Struct, frozen=True):
             explicit_execution_target=text("explicitExecutionTarget"),
             explicit_provider_id=text("explicitProviderId"),
             explicit_model=text("explicitModel") or (model or "").strip(),
-            explicit_skills=tuple(s.strip()[:200] for s in skills[:MAX_AVAILABLE_SKILLS] if isinstance(s, str) and s.strip()),
+            explicit_skills=tuple(
+                s.strip()[:200] for s in skills[:MAX_AVAILABLE_SKILLS] if isinstance(s, str) and s.strip()
+            ),
             available_skills=tuple(s for s in available[:MAX_AVAILABLE_SKILLS] if isinstance(s, dict)),
             preferred_gateway_provider_id=text("preferredGatewayProviderId"),
         )
@@ -191,9 +225,11 @@ def _skills(inp: RoutingInput, res: Resolution) -> None:
 
 
 def resolve(
-    inp: RoutingInput, available: Sequence[str], gateway_configured: bool,
+    inp: RoutingInput,
+    available: Sequence[str],
+    gateway_configured: bool,
     auto_available: Sequence[str] | None = None,
-) -> Resolution:  # fmt: skip
+) -> Resolution:
     """Resolve a route.
 
     Args:

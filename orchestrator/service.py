@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -22,10 +23,10 @@ from bridge.rpc.redact import redact
 from compat.base import Attachment, TurnError, TurnOutcome, TurnRequest
 from compat.pacing import turn_ends
 from compat.settings import Limits, Timeouts
+from orchestrator import updates
 from orchestrator.registry import ProviderRegistry
 from orchestrator.routing import Resolution, RoutingInput, resolve
 from orchestrator.session import Session, Ticket
-from orchestrator import updates
 from orchestrator.turn import TurnRunner
 
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
@@ -63,10 +64,17 @@ class Orchestrator:
     """
 
     def __init__(
-        self, registry: ProviderRegistry, roots: list[Path], limits: Limits, timeouts: Timeouts,
-        *, gateway_configured: bool = False, bridge_info: dict[str, Any] | None = None,
-        methods: list[str] | None = None, knowledge: Any = None,
-    ) -> None:  # fmt: skip
+        self,
+        registry: ProviderRegistry,
+        roots: list[Path],
+        limits: Limits,
+        timeouts: Timeouts,
+        *,
+        gateway_configured: bool = False,
+        bridge_info: dict[str, Any] | None = None,
+        methods: list[str] | None = None,
+        knowledge: Any = None,
+    ) -> None:
         self.registry = registry
         self.roots = roots
         self.limits = limits
@@ -101,8 +109,7 @@ class Orchestrator:
                 log.warning("workspace root %s does not exist: turns cannot run there", root)
         for provider_id in self.registry.ids:
             probe = self.registry.status(provider_id)
-            log.info("provider %s: %s%s", provider_id, probe.status,
-                     "" if probe.available else f" ({probe.detail})")  # fmt: skip
+            log.info("provider %s: %s%s", provider_id, probe.status, "" if probe.available else f" ({probe.detail})")
 
     async def __aexit__(self, *exc_info: Any) -> None:
         assert self._tg is not None
@@ -132,20 +139,37 @@ class Orchestrator:
     def _build_capabilities(self) -> dict[str, Any]:
         catalog = self.registry.catalog()
         targets = ["agent", "gateway"] if self.gateway_configured else ["agent"]
-        gateways = [{"providerId": "openclaw", "label": "OpenClaw", "targets": ["gateway"],
-                     "providerDisplay": {"logoEmoji": "🦞"}}] if self.gateway_configured else []  # fmt: skip
+        gateways = (
+            [
+                {
+                    "providerId": "openclaw",
+                    "label": "OpenClaw",
+                    "targets": ["gateway"],
+                    "providerDisplay": {"logoEmoji": "🦞"},
+                }
+            ]
+            if self.gateway_configured
+            else []
+        )
         single = any(entry["enabled"] for entry in catalog)
         return {
-            "singleAgent": single, "multiAgent": False, "availableExecutionTargets": targets,
-            "providerCatalog": catalog, "gatewayProviders": gateways,
+            "singleAgent": single,
+            "multiAgent": False,
+            "availableExecutionTargets": targets,
+            "providerCatalog": catalog,
+            "gatewayProviders": gateways,
             "providerProbeSummary": self.registry.probe_summary(),
             "capabilities": {
-                "single_agent": single, "multi_agent": False, "providerCatalog": catalog,
-                "gatewayProviders": gateways, "availableExecutionTargets": targets,
+                "single_agent": single,
+                "multi_agent": False,
+                "providerCatalog": catalog,
+                "gatewayProviders": gateways,
+                "availableExecutionTargets": targets,
             },
-            "bridge": self.bridge_info, "methods": self.methods,
+            "bridge": self.bridge_info,
+            "methods": self.methods,
             "limits": {**msgspec.to_builtins(self.limits), **msgspec.to_builtins(self.timeouts)},
-        }  # fmt: skip
+        }
 
     def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:
         try:
@@ -163,7 +187,8 @@ class Orchestrator:
         if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:
             if chosen not in self.registry.ids:
                 resolution.unavailable_message = (
-                    f"unknown provider: {chosen[:100]} (configured: {', '.join(self.registry.ids) or 'none'})")
+                    f"unknown provider: {chosen[:100]} (configured: {', '.join(self.registry.ids) or 'none'})"
+                )
             else:
                 reason = self.registry.status(chosen)
                 resolution.unavailable_message = f"provider {chosen} is unavailable: {reason.detail or reason.status}"
@@ -219,15 +244,16 @@ class Orchestrator:
             for root in self.roots:
                 if root.is_dir():
                     return str(root)
-            raise InvalidParams("no workspace root exists; create one or fix workspaceRoots",
-                                field="workingDirectory")  # fmt: skip
+            raise InvalidParams("no workspace root exists; create one or fix workspaceRoots", field="workingDirectory")
         real = _resolve(requested, "workingDirectory")
         if not real.is_dir():
-            raise InvalidParams(f"workingDirectory is not an existing directory: {requested}"[:600],
-                                field="workingDirectory")  # fmt: skip
+            raise InvalidParams(
+                f"workingDirectory is not an existing directory: {requested}"[:600], field="workingDirectory"
+            )
         if not _inside(real, self.roots):
-            raise InvalidParams(f"workingDirectory is outside the workspace roots: {requested}"[:600],
-                                field="workingDirectory")  # fmt: skip
+            raise InvalidParams(
+                f"workingDirectory is outside the workspace roots: {requested}"[:600], field="workingDirectory"
+            )
         return str(real)
 
     def _attachments(self, params: TurnParams) -> tuple[Attachment, ...]:
@@ -235,8 +261,9 @@ class Orchestrator:
         for index, item in enumerate(params.attachments):
             real = _resolve(item.path, f"attachments.{index}.path")
             if not _inside(real, self.roots) or not real.exists():
-                raise InvalidParams("attachment path is missing or outside the workspace roots",
-                                    field=f"attachments.{index}.path")  # fmt: skip
+                raise InvalidParams(
+                    "attachment path is missing or outside the workspace roots", field=f"attachments.{index}.path"
+                )
             out.append(Attachment(item.name or real.name, str(real), item.description))
         return tuple(out)
 
@@ -275,8 +302,9 @@ class Orchestrator:
                     box["result"] = self._cancelled_before_start(base, resolution)
                     return
                 async with self._running:  # bounds concurrent turns (agent spawns) bridge-wide
-                    box["result"] = await self._execute(session, ticket, params, resolution, cwd,
-                                                        attachments, principal, notify, start)  # fmt: skip
+                    box["result"] = await self._execute(
+                        session, ticket, params, resolution, cwd, attachments, principal, notify, start
+                    )
             except BaseException:
                 box["result"] = None
                 raise
@@ -303,11 +331,20 @@ class Orchestrator:
 
     def _cancelled_before_start(self, base: dict[str, Any], resolution: Resolution) -> dict[str, Any]:
         return {
-            **base, "success": False, "status": "cancelled", "turnId": None, "output": "", "summary": "",
-            "stopReason": "cancelled", **_resolved(resolution),
-            "error": {"code": "CANCELLED", "message": "cancelled before it started",
-                      "providerId": resolution.resolved_provider_id},
-        }  # fmt: skip
+            **base,
+            "success": False,
+            "status": "cancelled",
+            "turnId": None,
+            "output": "",
+            "summary": "",
+            "stopReason": "cancelled",
+            **_resolved(resolution),
+            "error": {
+                "code": "CANCELLED",
+                "message": "cancelled before it started",
+                "providerId": resolution.resolved_provider_id,
+            },
+        }
 
     async def _prepare_provider(self, session: Session, provider_id: str, start: bool) -> bool:
         """Make sure the session has a provider session for ``provider_id``; True if context was lost."""
@@ -326,9 +363,17 @@ class Orchestrator:
         return reset
 
     async def _execute(
-        self, session: Session, ticket: Ticket, params: TurnParams, resolution: Resolution, cwd: str,
-        attachments: tuple[Attachment, ...], principal: str, notify: Notify, start: bool,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        session: Session,
+        ticket: Ticket,
+        params: TurnParams,
+        resolution: Resolution,
+        cwd: str,
+        attachments: tuple[Attachment, ...],
+        principal: str,
+        notify: Notify,
+        start: bool,
+    ) -> dict[str, Any]:
         provider_id = resolution.resolved_provider_id
         base = {"sessionId": session.session_id, "threadId": session.thread_id}
         await self.registry.wait_probe(provider_id, self.timeouts.initialize_timeout)
@@ -341,14 +386,21 @@ class Orchestrator:
         assert provider is not None and self._tg is not None
         turn_id = f"turn-{time.time_ns()}"
         tg = self._tg
-        runner = TurnRunner(session, turn_id, notify, self.limits, self.timeouts,
-                            on_output_limit=lambda: tg.start_soon(provider.cancel))  # fmt: skip
+        runner = TurnRunner(
+            session, turn_id, notify, self.limits, self.timeouts, on_output_limit=lambda: tg.start_soon(provider.cancel)
+        )
         session.current_turn = runner
         request = TurnRequest(
-            session_id=session.session_id, thread_id=session.thread_id, turn_id=turn_id,
-            prompt=params.task_prompt, working_directory=cwd, model=resolution.resolved_model or None,
-            attachments=attachments, principal=principal, extra=params.extra_params(),
-        )  # fmt: skip
+            session_id=session.session_id,
+            thread_id=session.thread_id,
+            turn_id=turn_id,
+            prompt=params.task_prompt,
+            working_directory=cwd,
+            model=resolution.resolved_model or None,
+            attachments=attachments,
+            principal=principal,
+            extra=params.extra_params(),
+        )
         started = time.monotonic()
         runner.publish(updates.started())
         try:
@@ -362,14 +414,25 @@ class Orchestrator:
         self.registry.note_turn(provider_id, outcome)
         output = outcome.output_override if outcome.output_override is not None else runner.output
         error_code = outcome.error.code if outcome.error else None
-        runner.finish(outcome.status, output if outcome.status == "completed" or output else
-                      (outcome.error.message if outcome.error else outcome.status), error_code)  # fmt: skip
+        runner.finish(
+            outcome.status,
+            output
+            if outcome.status == "completed" or output
+            else (outcome.error.message if outcome.error else outcome.status),
+            error_code,
+        )
         session.working_directory = cwd
         session.record("user", params.task_prompt)
         if output:
             session.record("assistant", output)
-        log.info("turn %s on %s ended %s%s in %.2fs", turn_id, provider_id, outcome.status,
-                 f" ({error_code})" if error_code else "", time.monotonic() - started)  # fmt: skip
+        log.info(
+            "turn %s on %s ended %s%s in %.2fs",
+            turn_id,
+            provider_id,
+            outcome.status,
+            f" ({error_code})" if error_code else "",
+            time.monotonic() - started,
+        )
         return self._result(session, resolution, turn_id, outcome, output, reset)
 
     async def _bounded_turn(self, provider: Any, request: TurnRequest, runner: TurnRunner) -> TurnOutcome:
@@ -386,31 +449,50 @@ class Orchestrator:
     def _final_outcome(self, outcome: TurnOutcome, runner: TurnRunner) -> TurnOutcome:
         if runner.output_exceeded:
             message = f"the turn's output passed maxOutputBytes ({self.limits.max_output_bytes} bytes)"
-            return TurnOutcome("failed", stop_reason=outcome.stop_reason, usage=outcome.usage,
-                               error=TurnError("OUTPUT_LIMIT", message),
-                               upstream_session_id=outcome.upstream_session_id,
-                               resolved_model=outcome.resolved_model, context_reset=outcome.context_reset)  # fmt: skip
+            return TurnOutcome(
+                "failed",
+                stop_reason=outcome.stop_reason,
+                usage=outcome.usage,
+                error=TurnError("OUTPUT_LIMIT", message),
+                upstream_session_id=outcome.upstream_session_id,
+                resolved_model=outcome.resolved_model,
+                context_reset=outcome.context_reset,
+            )
         if runner.cancel_requested and outcome.status in ("completed", "failed"):
-            return TurnOutcome("cancelled", stop_reason="cancelled", usage=outcome.usage,
-                               upstream_session_id=outcome.upstream_session_id,
-                               resolved_model=outcome.resolved_model, context_reset=outcome.context_reset)  # fmt: skip
+            return TurnOutcome(
+                "cancelled",
+                stop_reason="cancelled",
+                usage=outcome.usage,
+                upstream_session_id=outcome.upstream_session_id,
+                resolved_model=outcome.resolved_model,
+                context_reset=outcome.context_reset,
+            )
         return outcome
 
     def _result(
         self, session: Session, resolution: Resolution, turn_id: str, outcome: TurnOutcome, output: str, reset: bool
     ) -> dict[str, Any]:
         result: dict[str, Any] = {
-            "success": outcome.status == "completed", "status": outcome.status, "turnId": turn_id,
-            "sessionId": session.session_id, "threadId": session.thread_id, **_resolved(resolution),
+            "success": outcome.status == "completed",
+            "status": outcome.status,
+            "turnId": turn_id,
+            "sessionId": session.session_id,
+            "threadId": session.thread_id,
+            **_resolved(resolution),
             "resolvedModel": outcome.resolved_model or "",
-            "output": output, "summary": output.strip()[:SUMMARY_CHARS],
+            "output": output,
+            "summary": output.strip()[:SUMMARY_CHARS],
             "stopReason": outcome.stop_reason or ("end_turn" if outcome.status == "completed" else outcome.status),
-            "usage": outcome.usage or {}, "upstreamSessionId": outcome.upstream_session_id,
+            "usage": outcome.usage or {},
+            "upstreamSessionId": outcome.upstream_session_id,
             "contextReset": bool(reset or outcome.context_reset),
-        }  # fmt: skip
+        }
         if outcome.error is not None and outcome.status != "completed":
-            error: dict[str, Any] = {"code": outcome.error.code, "message": redact(outcome.error.message),
-                                     "providerId": resolution.resolved_provider_id}  # fmt: skip
+            error: dict[str, Any] = {
+                "code": outcome.error.code,
+                "message": redact(outcome.error.message),
+                "providerId": resolution.resolved_provider_id,
+            }
             if outcome.error.data:
                 error["data"] = outcome.error.data
             result["error"] = error
@@ -481,5 +563,13 @@ class Orchestrator:
 
 def _resolved(resolution: Resolution) -> dict[str, Any]:
     wire = resolution.to_wire()
-    return {k: wire[k] for k in ("resolvedExecutionTarget", "resolvedProviderId", "resolvedGatewayProviderId",
-                                 "resolvedModel", "resolvedSkills")}  # fmt: skip
+    return {
+        k: wire[k]
+        for k in (
+            "resolvedExecutionTarget",
+            "resolvedProviderId",
+            "resolvedGatewayProviderId",
+            "resolvedModel",
+            "resolvedSkills",
+        )
+    }

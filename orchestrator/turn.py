@@ -7,7 +7,8 @@ stuck client cannot stall an agent (field-failures #7).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import uuid4
 
 import anyio
@@ -52,9 +53,14 @@ class TurnRunner:
     """
 
     def __init__(
-        self, session: Session, turn_id: str, notify: Notify, limits: Limits, timeouts: Timeouts,
+        self,
+        session: Session,
+        turn_id: str,
+        notify: Notify,
+        limits: Limits,
+        timeouts: Timeouts,
         on_output_limit: Callable[[], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.session = session
         self.turn_id = turn_id
         self._notify = notify

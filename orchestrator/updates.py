@@ -23,24 +23,36 @@ from compat.base import (
 
 def started() -> dict[str, Any]:
     return {
-        "type": "status", "event": "started", "message": "session started", "pending": True,
-        "error": False, "structuredEvent": {"type": "status", "status": "started", "text": "session started"},
-    }  # fmt: skip
+        "type": "status",
+        "event": "started",
+        "message": "session started",
+        "pending": True,
+        "error": False,
+        "structuredEvent": {"type": "status", "status": "started", "text": "session started"},
+    }
 
 
 def delta(text: str) -> dict[str, Any]:
     return {
-        "type": "delta", "event": "delta", "delta": text, "pending": True, "error": False,
+        "type": "delta",
+        "event": "delta",
+        "delta": text,
+        "pending": True,
+        "error": False,
         "structuredEvent": {"type": "text", "text": text},
-    }  # fmt: skip
+    }
 
 
 def done(status: str, message: str, error_code: str | None) -> dict[str, Any]:
     params: dict[str, Any] = {
-        "type": "done", "event": "completed", "message": message, "pending": False,
-        "error": status != "completed", "status": status,
+        "type": "done",
+        "event": "completed",
+        "message": message,
+        "pending": False,
+        "error": status != "completed",
+        "status": status,
         "structuredEvent": {"type": "status", "status": status, "text": message},
-    }  # fmt: skip
+    }
     if error_code:
         params["errorCode"] = error_code
     return params
@@ -53,35 +65,60 @@ def from_event(event: TurnEvent) -> dict[str, Any]:
             return delta(text)
         case ThoughtDelta(text=text):
             return {
-                "type": "thought", "event": "thought", "delta": text, "pending": True, "error": False,
+                "type": "thought",
+                "event": "thought",
+                "delta": text,
+                "pending": True,
+                "error": False,
                 "structuredEvent": {"type": "thinking", "text": text},
-            }  # fmt: skip
+            }
         case ToolCallEvent(tool_call=call, is_update=is_update):
             kind = "tool_call_update" if is_update else "tool_call"
             return {
-                "type": kind, "event": kind, "toolCall": call, "pending": True, "error": False,
+                "type": kind,
+                "event": kind,
+                "toolCall": call,
+                "pending": True,
+                "error": False,
                 "structuredEvent": {"type": "tool_call", "toolCall": call, "status": call.get("status")},
-            }  # fmt: skip
+            }
         case PlanEvent(entries=entries):
             return {
-                "type": "plan", "event": "plan", "entries": entries, "pending": True, "error": False,
+                "type": "plan",
+                "event": "plan",
+                "entries": entries,
+                "pending": True,
+                "error": False,
                 "structuredEvent": {"type": "status", "status": "plan", "entries": entries},
-            }  # fmt: skip
+            }
         case UsageEvent(usage=usage):
             return {
-                "type": "usage", "event": "usage", "usage": usage, "pending": True, "error": False,
+                "type": "usage",
+                "event": "usage",
+                "usage": usage,
+                "pending": True,
+                "error": False,
                 "structuredEvent": {"type": "status", "status": "usage", "usage": usage},
-            }  # fmt: skip
+            }
         case PermissionEvent(request_id=request_id, tool_call=call, options=options):
             return {
-                "type": "permission", "event": "permission_requested", "requestId": request_id,
-                "toolCall": call, "options": options, "pending": True, "error": False,
+                "type": "permission",
+                "event": "permission_requested",
+                "requestId": request_id,
+                "toolCall": call,
+                "options": options,
+                "pending": True,
+                "error": False,
                 "structuredEvent": {"type": "tool_call", "toolCall": call, "status": "permission_requested"},
-            }  # fmt: skip
+            }
         case StatusEvent(event=raw, message=message, data=data):
             name = raw if raw != "completed" else "status"
             params = {
-                "type": "status", "event": name, "message": message, "pending": True, "error": False,
+                "type": "status",
+                "event": name,
+                "message": message,
+                "pending": True,
+                "error": False,
                 "structuredEvent": {"type": "status", "status": name, "text": message},
             }
             if data:

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import itertools
 import socket
-from typing import Any, AsyncContextManager, AsyncIterator, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 import anyio
-import orjson
-
 import msgspec
+import orjson
 
 from bridge.config import BridgeConfig
 from bridge.server import BridgeServer, uvicorn_config
@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
-async def in_background(manager: AsyncContextManager[T]) -> AsyncIterator[T]:
+async def in_background(manager: contextlib.AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
     """Enter ``manager`` in its own task and exit it there.
 
     pytest-asyncio may run an async fixture's setup and teardown in different tasks, and anyio task
@@ -92,7 +92,9 @@ class WsClient:
 
     async def send(self, method: str, params: dict[str, Any]) -> int:
         request_id = next(_client_ids)
-        await self.ws.send(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).decode())
+        await self.ws.send(
+            orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).decode()
+        )
         return request_id
 
     async def wait(self, predicate: Any, timeout: float = 20) -> None:

@@ -39,8 +39,12 @@ def make_app(tmp_path: Path, *modes: str, **extra: Any) -> Any:
 
 
 def start(session: str, prompt: str = "hello bridge", **params: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": 1, "method": "session.start",
-            "params": {"sessionId": session, "taskPrompt": prompt, **params}}
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "session.start",
+        "params": {"sessionId": session, "taskPrompt": prompt, **params},
+    }
 
 
 def sse_messages(text: str) -> list[Any]:
@@ -79,8 +83,7 @@ def test_websocket_runs_cancel_concurrently_with_a_long_turn(tmp_path):
         ws.send_text(json.dumps(start("s3", "go slowly")))
         first = json.loads(ws.receive_text())
         assert first["params"]["event"] == "started" and first["seq"] == 0
-        ws.send_text(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session.cancel",
-                                 "params": {"sessionId": "s3"}}))  # fmt: skip
+        ws.send_text(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session.cancel", "params": {"sessionId": "s3"}}))
         replies: dict[Any, Any] = {}
         while 1 not in replies:
             message = json.loads(ws.receive_text())
@@ -99,14 +102,18 @@ def test_a_crashing_agent_is_a_failed_result_with_a_redacted_stderr_tail(tmp_pat
 
 
 def test_session_scoped_to_its_token(tmp_path):
-    app = make_app(tmp_path, authTokens=[{"name": "alice", "token": "alice-secret-1"},
-                                         {"name": "bob", "token": "bob-secret-22"}])  # fmt: skip
+    app = make_app(
+        tmp_path, authTokens=[{"name": "alice", "token": "alice-secret-1"}, {"name": "bob", "token": "bob-secret-22"}]
+    )
     with TestClient(app) as client:
         alice = {"Authorization": "Bearer alice-secret-1"}
         bob = {"Authorization": "bearer bob-secret-22"}
         assert client.post("/acp/rpc", json=start("shared"), headers=alice).json()["result"]["success"]
-        denied = client.post("/acp/rpc", headers=bob, json={"jsonrpc": "2.0", "id": 5, "method": "session.close",
-                                                             "params": {"sessionId": "shared"}}).json()  # fmt: skip
+        denied = client.post(
+            "/acp/rpc",
+            headers=bob,
+            json={"jsonrpc": "2.0", "id": 5, "method": "session.close", "params": {"sessionId": "shared"}},
+        ).json()
         assert denied["error"]["code"] == -32004
         assert client.post("/acp/rpc", json=start("x")).status_code == 401
 
@@ -123,6 +130,7 @@ def test_unknown_provider_is_an_unavailable_result_without_updates(tmp_path):
 
 def test_gateway_methods_without_a_gateway(tmp_path):
     with TestClient(make_app(tmp_path)) as client:
+
         def call(method: str, params: dict) -> Any:
             return client.post("/acp/rpc", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
 
@@ -134,8 +142,9 @@ def test_gateway_methods_without_a_gateway(tmp_path):
 
 def test_params_errors_are_32602_with_locations(tmp_path):
     with TestClient(make_app(tmp_path)) as client:
-        body = client.post("/acp/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "session.start",
-                                             "params": {"taskPrompt": "x"}}).json()  # fmt: skip
+        body = client.post(
+            "/acp/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "session.start", "params": {"taskPrompt": "x"}}
+        ).json()
     assert body["error"]["code"] == -32602 and body["error"]["data"]["code"] == "INVALID_PARAMS"
     assert body["error"]["data"]["errors"][0]["loc"] == "sessionId"
 
@@ -143,9 +152,14 @@ def test_params_errors_are_32602_with_locations(tmp_path):
 def run_stdio(tmp_path: Path, payload: bytes) -> list[dict[str, Any]]:
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path)))
-    done = subprocess.run([sys.executable, "-m", "bridge.cli", "acp-stdio", "--config", str(cfg)],
-                          input=payload, capture_output=True, timeout=45, cwd=tmp_path,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "acp-stdio", "--config", str(cfg)],
+        input=payload,
+        capture_output=True,
+        timeout=45,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert done.returncode == 0, done.stderr.decode()
     return [json.loads(line) for line in done.stdout.decode().splitlines()]
 
@@ -170,25 +184,34 @@ async def test_real_uvicorn_sse_via_the_cli_client(tmp_path):
     config = convert(config_dict(tmp_path), BridgeConfig)
     async with real_server(config, build_app(config)) as port:
         notes: list[dict[str, Any]] = []
-        reply = await call(f"http://127.0.0.1:{port}", "session.start",
-                           {"sessionId": "u1", "taskPrompt": "hi there"}, on_notification=notes.append)
-        ws_reply = await call(f"ws://127.0.0.1:{port}", "session.message",
-                              {"sessionId": "u1", "taskPrompt": "again"})  # fmt: skip
+        reply = await call(
+            f"http://127.0.0.1:{port}",
+            "session.start",
+            {"sessionId": "u1", "taskPrompt": "hi there"},
+            on_notification=notes.append,
+        )
+        ws_reply = await call(f"ws://127.0.0.1:{port}", "session.message", {"sessionId": "u1", "taskPrompt": "again"})
     assert reply["result"]["success"] and ws_reply["result"]["success"]
     assert notes and notes[-1]["params"]["type"] == "done"
 
 
 def test_mcp_surface_is_served_behind_the_token_check(tmp_path):
     app = make_app(tmp_path, authTokens=["mcp-secret-1"])
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
     accept = {"Accept": "application/json, text/event-stream"}
     with TestClient(app) as client:
         assert client.post("/mcp", json=init, headers=accept).status_code == 401
         ok = client.post("/mcp", json=init, headers={**accept, "Authorization": "Bearer mcp-secret-1"})
         assert ok.status_code == 200 and ok.json()["result"]["serverInfo"]
-        tools = client.post("/mcp", headers={**accept, "Authorization": "Bearer mcp-secret-1"},
-                            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})  # fmt: skip
+        tools = client.post(
+            "/mcp",
+            headers={**accept, "Authorization": "Bearer mcp-secret-1"},
+            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        )
         names = {t["name"] for t in tools.json()["result"]["tools"]}
         assert {"llmwiki_agent_run", "get_wiki_content", "llmwiki_search"} <= names

@@ -23,10 +23,19 @@ def free_port() -> int:
 
 def test_serve_answers_ping_and_exits_0_on_sigterm(tmp_path):
     port = free_port()
-    env = {**os.environ, "HOME": str(tmp_path), "XWORKMATE_AGENTS_DIR": str(tmp_path / "none"),
-           "PATH": os.path.dirname(sys.executable)}
-    proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "XWORKMATE_AGENTS_DIR": str(tmp_path / "none"),
+        "PATH": os.path.dirname(sys.executable),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         for line in proc.stderr:
             if "Uvicorn running on" in line:
@@ -43,24 +52,39 @@ def test_serve_answers_ping_and_exits_0_on_sigterm(tmp_path):
 
 def test_serve_refuses_a_public_address_without_a_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "BRIDGE_AUTH_TOKEN"}
-    done = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert done.returncode == 2
     assert "token" in done.stderr.lower()
 
 
 def test_call_reports_a_transport_error_with_exit_code_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bridge.cli", "call", "acp.capabilities",
-                           "--url", f"http://127.0.0.1:{free_port()}"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "call", "acp.capabilities", "--url", f"http://127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert done.returncode == 2 and "cannot reach" in done.stderr
 
 
 def test_bad_config_names_the_key(tmp_path):
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text("port: 8787\nproviders:\n  mine:\n    command: x\n    permisionPolicy: allow\n")
-    done = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--config", str(cfg)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert done.returncode == 2
     assert "providers.mine.permisionPolicy" in done.stderr and "unknown key" in done.stderr
 
@@ -71,8 +95,15 @@ def test_output_piped_into_a_reader_that_leaves_is_not_a_traceback(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # a reader that already left: the first write meets EPIPE
     try:
-        proc = subprocess.run([sys.executable, "-m", "bridge.cli", "providers", "--local"], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, timeout=30)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "bridge.cli", "providers", "--local"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=30,
+        )
     finally:
         os.close(write_end)
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
@@ -82,10 +113,20 @@ def test_output_piped_into_a_reader_that_leaves_is_not_a_traceback(tmp_path):
 def test_chat_summary_names_the_auth_methods_the_hint_refers_to():
     from bridge.cli import turn_summary
 
-    result = {"status": "failed", "turnId": "turn-1", "resolvedProviderId": "codex", "success": False,
-              "error": {"code": "AGENT_AUTH_REQUIRED", "message": "Authentication required",
-                        "data": {"hint": "set providers.<id>.authMethod to one of authMethods",
-                                 "authMethods": ["chatgpt", {"id": "openai-api-key", "name": "API key"}]}}}  # fmt: skip
+    result = {
+        "status": "failed",
+        "turnId": "turn-1",
+        "resolvedProviderId": "codex",
+        "success": False,
+        "error": {
+            "code": "AGENT_AUTH_REQUIRED",
+            "message": "Authentication required",
+            "data": {
+                "hint": "set providers.<id>.authMethod to one of authMethods",
+                "authMethods": ["chatgpt", {"id": "openai-api-key", "name": "API key"}],
+            },
+        },
+    }
     lines = turn_summary(result, 0.13).splitlines()
     assert lines[0] == "[failed] turnId=turn-1 provider=codex seconds=0.13 AGENT_AUTH_REQUIRED: Authentication required"
     assert lines[1].startswith("hint: ") and lines[2] == "authMethods: chatgpt, openai-api-key"
@@ -94,25 +135,36 @@ def test_chat_summary_names_the_auth_methods_the_hint_refers_to():
 def test_chat_lists_the_sources_its_citation_anchors_point_to():
     from bridge.cli import cited_sources
 
-    result = {"output": "Use a token [1](#citation-1). See also [3](#citation-3) and [1](#citation-1).",
-              "artifacts": [{"type": "llmwiki_agent_result", "citations": [
-                  {"title": "Auth", "sourceId": "bridge-docs", "pageId": "auth", "path": "auth.md"},
-                  {"title": "Unused", "sourceId": "bridge-docs", "path": "x.md"},
-                  {"title": "Providers", "sourceId": "wiki", "path": "providers.md"}]}]}  # fmt: skip
+    result = {
+        "output": "Use a token [1](#citation-1). See also [3](#citation-3) and [1](#citation-1).",
+        "artifacts": [
+            {
+                "type": "llmwiki_agent_result",
+                "citations": [
+                    {"title": "Auth", "sourceId": "bridge-docs", "pageId": "auth", "path": "auth.md"},
+                    {"title": "Unused", "sourceId": "bridge-docs", "path": "x.md"},
+                    {"title": "Providers", "sourceId": "wiki", "path": "providers.md"},
+                ],
+            }
+        ],
+    }
     # the page as knowledge.read takes it, else the file
     assert cited_sources(result) == ["[1] Auth (bridge-docs: /auth)", "[3] Providers (wiki: providers.md)"]
     assert cited_sources({"output": "no anchors", "artifacts": []}) == []
 
 
-@pytest.mark.parametrize("result", [
-    {"output": "see [1](#citation-" + "9" * 4400 + ")", "artifacts": [{"citations": []}]},
-    {"output": "see [1](#citation-1)", "artifacts": 5},
-    {"output": "see [1](#citation-1)", "artifacts": [{"citations": [5, None]}]},
-    {"output": 7, "artifacts": [{"citations": "x"}]},
-    {"status": "failed", "error": {"code": "X", "message": "m", "data": {"authMethods": 5, "hint": "h"}}},
-    {"status": "failed", "error": {"code": "X", "message": "m", "data": "not a mapping"}},
-    {"status": "failed", "error": "not a mapping"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"output": "see [1](#citation-" + "9" * 4400 + ")", "artifacts": [{"citations": []}]},
+        {"output": "see [1](#citation-1)", "artifacts": 5},
+        {"output": "see [1](#citation-1)", "artifacts": [{"citations": [5, None]}]},
+        {"output": 7, "artifacts": [{"citations": "x"}]},
+        {"status": "failed", "error": {"code": "X", "message": "m", "data": {"authMethods": 5, "hint": "h"}}},
+        {"status": "failed", "error": {"code": "X", "message": "m", "data": "not a mapping"}},
+        {"status": "failed", "error": "not a mapping"},
+    ],
+)
 def test_chat_output_survives_malformed_results(result):
     from bridge.cli import cited_sources, turn_summary
 
@@ -121,6 +173,11 @@ def test_chat_output_survives_malformed_results(result):
 
 
 def test_providers_refuses_local_only_flags_without_local(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bridge.cli", "providers", "--probe"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "providers", "--probe"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert done.returncode == 2 and "need --local" in done.stderr

@@ -148,22 +148,44 @@ def parse_frame(data: bytes | str) -> Frame:
 def encode_result(id_: Any, result: Any, seq: int) -> bytes:
     body = dumps(result)
     return b'{"jsonrpc":"2.0","id":%b,"result":%b,"ok":true,"type":"res","payload":%b,"seq":%d}' % (
-        dumps(id_), body, body, seq)  # fmt: skip
+        dumps(id_),
+        body,
+        body,
+        seq,
+    )
 
 
 def encode_error(id_: Any, error: dict[str, Any], seq: int) -> bytes:
-    return b"".join((
-        b'{"jsonrpc":"2.0","id":', dumps(id_), b',"error":', dumps(error),
-        b',"ok":false,"type":"res","payload":null,"seq":', str(seq).encode(), b"}",
-    ))  # fmt: skip
+    return b"".join(
+        (
+            b'{"jsonrpc":"2.0","id":',
+            dumps(id_),
+            b',"error":',
+            dumps(error),
+            b',"ok":false,"type":"res","payload":null,"seq":',
+            str(seq).encode(),
+            b"}",
+        )
+    )
 
 
 def encode_notification(method: str, params: Any, seq: int) -> bytes:
     body, name = dumps(params), dumps(method)
-    return b"".join((
-        b'{"jsonrpc":"2.0","method":', name, b',"params":', body, b',"type":"event","event":',
-        name, b',"payload":', body, b',"seq":', str(seq).encode(), b"}",
-    ))  # fmt: skip
+    return b"".join(
+        (
+            b'{"jsonrpc":"2.0","method":',
+            name,
+            b',"params":',
+            body,
+            b',"type":"event","event":',
+            name,
+            b',"payload":',
+            body,
+            b',"seq":',
+            str(seq).encode(),
+            b"}",
+        )
+    )
 
 
 class Reply(msgspec.Struct):

@@ -54,8 +54,9 @@ class InvalidParams(RpcError):
     def __init__(self, message: str | None = None, **data: Any) -> None:
         super().__init__(message, **data)
         if "errors" not in self.data:
-            self.data["errors"] = [{"loc": str(data.get("field", "")), "type": str(data.get("reason") or "invalid"),
-                                    "msg": self.message}]  # fmt: skip
+            self.data["errors"] = [
+                {"loc": str(data.get("field", "")), "type": str(data.get("reason") or "invalid"), "msg": self.message}
+            ]
 
 
 class InternalError(RpcError):

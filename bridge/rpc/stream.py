@@ -8,7 +8,8 @@ of the bytes on the wire.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bridge.rpc.codec import Reply, encode_notification
 
@@ -22,7 +23,7 @@ class EnvelopeStream:
         sink: called with each encoded frame; must not block (transports queue, bounded).
     """
 
-    __slots__ = ("_sink", "_seq")
+    __slots__ = ("_seq", "_sink")
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink

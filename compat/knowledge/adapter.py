@@ -14,7 +14,8 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
@@ -79,8 +80,14 @@ class KnowledgeAdapter:
         ValueError: ``sources`` names a source that is not configured.
     """
 
-    def __init__(self, provider_id: str, service: KnowledgeService, *, label: str | None = None,
-                 sources: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        provider_id: str,
+        service: KnowledgeService,
+        *,
+        label: str | None = None,
+        sources: Sequence[str] | None = None,
+    ) -> None:
         unknown = [s for s in sources or () if s not in service.descriptors]
         if unknown:
             raise ValueError(f"providers.{provider_id}.sources: unknown knowledge source(s) {', '.join(unknown)}")

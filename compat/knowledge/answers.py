@@ -45,8 +45,8 @@ def _close_code_span(text: str) -> str:
 def _without_title(snippet: str, title: str) -> str:
     """The snippet without a leading copy of the page title (a hit from the top of a page starts
     with its heading, which the answer shows in bold already)."""
-    if title and snippet.startswith(title) and snippet[len(title):].strip():
-        return snippet[len(title):].lstrip(" :—-")
+    if title and snippet.startswith(title) and snippet[len(title) :].strip():
+        return snippet[len(title) :].lstrip(" :—-")
     return snippet
 
 
@@ -78,14 +78,18 @@ def evidence_only(citations: list[dict[str, Any]], answered: int, failed: int) -
             lines += ["", f"{len(citations) - TOP_SNIPPETS} more citation(s) are in the result's artifact."]
         text = "\n".join(lines)
     if failed:
-        text += (f"\n\nSource failures: {failed} selected source(s) could not be queried. "
-                 "See the trace steps and diagnostics for redacted details.")  # fmt: skip
+        text += (
+            f"\n\nSource failures: {failed} selected source(s) could not be queried. "
+            "See the trace steps and diagnostics for redacted details."
+        )
     return text
 
 
 def fail_closed(failed: int) -> str:
-    return (f"Every selected knowledge source failed ({failed} source(s)); no answer was produced and no model "
-            "was called. See the trace steps and diagnostics for redacted source failure details.")  # fmt: skip
+    return (
+        f"Every selected knowledge source failed ({failed} source(s)); no answer was produced and no model "
+        "was called. See the trace steps and diagnostics for redacted source failure details."
+    )
 
 
 def no_sources() -> str:

@@ -26,10 +26,13 @@ _HOST_PORT = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost:\d+\b
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
-SOURCE_REMEDIATION = ("Check that the knowledge source is reachable, healthy, and compatible with its "
-                      "protocol, then retry the request.")  # fmt: skip
-RUNTIME_REMEDIATION = ("Check the configured OpenAI-compatible runtime (knowledge.runtime), or retry "
-                       "with orchestrationMode: \"evidence-only\".")  # fmt: skip
+SOURCE_REMEDIATION = (
+    "Check that the knowledge source is reachable, healthy, and compatible with its protocol, then retry the request."
+)
+RUNTIME_REMEDIATION = (
+    "Check the configured OpenAI-compatible runtime (knowledge.runtime), or retry "
+    'with orchestrationMode: "evidence-only".'
+)
 
 
 def safe_text(value: Any, limit: int = TEXT_CHARS) -> str:
@@ -49,9 +52,17 @@ def safe_id(value: str) -> str:
 
 
 def diagnostic(
-    *, severity: str, scope: str, phase: str, protocol: str, subject: str, message: str,
-    remediation: str, retryable: bool, observations: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    severity: str,
+    scope: str,
+    phase: str,
+    protocol: str,
+    subject: str,
+    message: str,
+    remediation: str,
+    retryable: bool,
+    observations: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The envelope, with every text sanitized and empty observation values dropped."""
     obs = []
     for name, value in (observations or {}).items():
@@ -61,11 +72,18 @@ def diagnostic(
             value = "true" if value else "false"
         obs.append({"name": _SAFE_NAME.sub("_", name)[:80], "value": safe_text(value)})
     return {
-        "schemaVersion": SCHEMA, "severity": severity, "scope": scope, "phase": phase, "protocol": protocol,
-        "subject": safe_id(subject) if _SAFE_NAME.search(subject) else subject, "retryable": retryable,
-        "redacted": True, "observations": obs, "remediation": safe_text(remediation, DETAIL_CHARS),
+        "schemaVersion": SCHEMA,
+        "severity": severity,
+        "scope": scope,
+        "phase": phase,
+        "protocol": protocol,
+        "subject": safe_id(subject) if _SAFE_NAME.search(subject) else subject,
+        "retryable": retryable,
+        "redacted": True,
+        "observations": obs,
+        "remediation": safe_text(remediation, DETAIL_CHARS),
         "message": safe_text(message, DETAIL_CHARS),
-    }  # fmt: skip
+    }
 
 
 def source_failure(source: SourceDescriptor, error: SourceError, *, phase: str, timeout_s: float) -> dict[str, Any]:
@@ -74,38 +92,78 @@ def source_failure(source: SourceDescriptor, error: SourceError, *, phase: str, 
     message = f"{source.name} could not be queried by the bridge: {error.message}."
     if phase == "source-bundle":
         message = f"{source.name} source bundle metadata could not be read; continuing without it."
-    observations = {**error.observations(), "sourceSelected": True, "timeoutMs": int(timeout_s * 1000),
-                    "redaction": "source URL, credentials, headers, and upstream body omitted"}  # fmt: skip
-    return diagnostic(severity=severity, scope="source", phase=phase, protocol=source.protocol, subject=source.id,
-                      message=message, remediation=SOURCE_REMEDIATION, retryable=error.retryable,
-                      observations=observations)  # fmt: skip
+    observations = {
+        **error.observations(),
+        "sourceSelected": True,
+        "timeoutMs": int(timeout_s * 1000),
+        "redaction": "source URL, credentials, headers, and upstream body omitted",
+    }
+    return diagnostic(
+        severity=severity,
+        scope="source",
+        phase=phase,
+        protocol=source.protocol,
+        subject=source.id,
+        message=message,
+        remediation=SOURCE_REMEDIATION,
+        retryable=error.retryable,
+        observations=observations,
+    )
 
 
 def retrieval_fallback(source: SourceDescriptor, observations: dict[str, Any]) -> dict[str, Any]:
     """A warning: the source lacks the requested retrieval capability; lexical was used."""
     message = f"{source.name} does not advertise the requested retrieval mode; using lexical retrieval."
-    return diagnostic(severity="warning", scope="source", phase="retrieval", protocol=source.protocol,
-                      subject=source.id, message=message, retryable=False, observations=observations,
-                      remediation="Choose sources that advertise the requested retrieval capability, or "
-                                  "use searchMode lexical.")  # fmt: skip
+    return diagnostic(
+        severity="warning",
+        scope="source",
+        phase="retrieval",
+        protocol=source.protocol,
+        subject=source.id,
+        message=message,
+        retryable=False,
+        observations=observations,
+        remediation="Choose sources that advertise the requested retrieval capability, or use searchMode lexical.",
+    )
 
 
 def skipped(source: SourceDescriptor, budget_s: float) -> dict[str, Any]:
     """The turn's overall budget ran out before this source answered."""
-    return diagnostic(severity="error", scope="source", phase="query", protocol=source.protocol, subject=source.id,
-                      message=f"{source.name} was skipped: the knowledge budget ran out before it answered.",
-                      remediation=SOURCE_REMEDIATION, retryable=True,
-                      observations={"reason": "budget_exhausted", "budgetMs": int(budget_s * 1000)})  # fmt: skip
+    return diagnostic(
+        severity="error",
+        scope="source",
+        phase="query",
+        protocol=source.protocol,
+        subject=source.id,
+        message=f"{source.name} was skipped: the knowledge budget ran out before it answered.",
+        remediation=SOURCE_REMEDIATION,
+        retryable=True,
+        observations={"reason": "budget_exhausted", "budgetMs": int(budget_s * 1000)},
+    )
 
 
-def runtime_failure(reason: str, *, http_status: int | None, timeout_s: float,
-                    model_configured: bool) -> dict[str, Any]:  # fmt: skip
+def runtime_failure(
+    reason: str, *, http_status: int | None, timeout_s: float, model_configured: bool
+) -> dict[str, Any]:
     """The chat-completions call failed (never includes the runtime URL, key or body)."""
     retryable = http_status is None or http_status in (408, 409, 425, 429) or http_status >= 500
-    observations = {"reason": reason, "httpStatus": http_status, "timeout": reason == "timeout" or None,
-                    "runtimeAdapter": "chat-completions", "runtimeModelConfigured": model_configured,
-                    "timeoutMs": int(timeout_s * 1000),
-                    "redaction": "runtime URL, API key, headers, and upstream body omitted"}  # fmt: skip
-    return diagnostic(severity="error", scope="runtime", phase="chat-completions", protocol="openai-compatible",
-                      subject="knowledge-runtime", message="Chat completions request failed.",
-                      remediation=RUNTIME_REMEDIATION, retryable=retryable, observations=observations)  # fmt: skip
+    observations = {
+        "reason": reason,
+        "httpStatus": http_status,
+        "timeout": reason == "timeout" or None,
+        "runtimeAdapter": "chat-completions",
+        "runtimeModelConfigured": model_configured,
+        "timeoutMs": int(timeout_s * 1000),
+        "redaction": "runtime URL, API key, headers, and upstream body omitted",
+    }
+    return diagnostic(
+        severity="error",
+        scope="runtime",
+        phase="chat-completions",
+        protocol="openai-compatible",
+        subject="knowledge-runtime",
+        message="Chat completions request failed.",
+        remediation=RUNTIME_REMEDIATION,
+        retryable=retryable,
+        observations=observations,
+    )

@@ -15,14 +15,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 
 from compat.base import StatusEvent, TextDelta, TurnError, TurnOutcome, TurnSink
-from compat.knowledge import answers, diagnostics as diag
+from compat.knowledge import answers
+from compat.knowledge import diagnostics as diag
 from compat.knowledge.errors import SourceError
 from compat.knowledge.evidence import Evidence, safe_path
 from compat.knowledge.retrieval import Route, excluded_ids, route
@@ -87,17 +89,29 @@ def _ms(start: float) -> int:
     return int((time.monotonic() - start) * 1000)
 
 
-async def _ask(source: KnowledgeSource, route_fixed: Route | None, plan: TurnPlan, turn: TurnInput,
-               discover: Discover, selected: list[str]) -> SourceResult:  # fmt: skip
+async def _ask(
+    source: KnowledgeSource,
+    route_fixed: Route | None,
+    plan: TurnPlan,
+    turn: TurnInput,
+    discover: Discover,
+    selected: list[str],
+) -> SourceResult:
     caps = await discover(source)
-    chosen = route_fixed or route(plan.intent, caps, source.descriptor,
-                                  excluded_ids(plan.intent, source.descriptor.id, selected))  # fmt: skip
+    chosen = route_fixed or route(
+        plan.intent, caps, source.descriptor, excluded_ids(plan.intent, source.descriptor.id, selected)
+    )
     payload = await source.context(turn.question, chosen.routed)
     return SourceResult(source, payload, caps, chosen)
 
 
-async def gather(plan: TurnPlan, turn: TurnInput, settings: KnowledgeSettings, discover: Discover,
-                 on_done: Callable[[SourceResult], None]) -> list[SourceResult]:  # fmt: skip
+async def gather(
+    plan: TurnPlan,
+    turn: TurnInput,
+    settings: KnowledgeSettings,
+    discover: Discover,
+    on_done: Callable[[SourceResult], None],
+) -> list[SourceResult]:
     """Ask every selected source (bounded concurrency, per-source timeout, overall budget)."""
     results: list[SourceResult | None] = [None] * len(plan.sources)
     limiter = anyio.CapacityLimiter(settings.fan_out)
@@ -124,15 +138,18 @@ async def gather(plan: TurnPlan, turn: TurnInput, settings: KnowledgeSettings, d
         async with anyio.create_task_group() as tg:
             for index, source in enumerate(plan.sources):
                 tg.start_soon(one, index, source)
-    return [r or SourceResult(s, skipped=True, error=SourceError("timeout", "was skipped: the budget ran out"))
-            for r, s in zip(results, plan.sources)]  # fmt: skip
+    return [
+        r or SourceResult(s, skipped=True, error=SourceError("timeout", "was skipped: the budget ran out"))
+        for r, s in zip(results, plan.sources, strict=False)
+    ]
 
 
 class KnowledgeTurn:
     """Runs one planned turn and reports to ``sink``."""
 
-    def __init__(self, plan: TurnPlan, turn: TurnInput, settings: KnowledgeSettings, discover: Discover,
-                 sink: TurnSink) -> None:  # fmt: skip
+    def __init__(
+        self, plan: TurnPlan, turn: TurnInput, settings: KnowledgeSettings, discover: Discover, sink: TurnSink
+    ) -> None:
         self.plan, self.turn, self.settings, self.discover = plan, turn, settings, discover
         self.sink = sink
         self.steps = Steps(sink)
@@ -142,18 +159,28 @@ class KnowledgeTurn:
 
     async def run(self) -> TurnOutcome:
         names = ", ".join(s.descriptor.name for s in self.plan.sources) or "none"
-        self.steps.add("plan", {"id": "bridge-plan", "label": "Plan source calls", "status": "done",
-                                "detail": f"Prepared {len(self.plan.sources)} knowledge source(s) for "
-                                          f"{self.plan.mode} answering: {diag.safe_text(names)}."})  # fmt: skip
+        self.steps.add(
+            "plan",
+            {
+                "id": "bridge-plan",
+                "label": "Plan source calls",
+                "status": "done",
+                "detail": f"Prepared {len(self.plan.sources)} knowledge source(s) for "
+                f"{self.plan.mode} answering: {diag.safe_text(names)}.",
+            },
+        )
         results = await gather(self.plan, self.turn, self.settings, self.discover, self._source_done)
         for result in results:
             self._merge(result)
         answered = sum(1 for r in results if r.payload is not None)
         ev = self.evidence
-        detail = (f"Prepared {len(ev.citations)} citation(s), {len(ev.nodes)} graph node(s), {len(ev.bundles)} "
-                  f"source bundle(s) and {len(results) - answered} source failure note(s).")
-        self.steps.add("evidence", {"id": "bridge-evidence", "label": "Prepare evidence", "status": "done",
-                                    "detail": detail})  # fmt: skip
+        detail = (
+            f"Prepared {len(ev.citations)} citation(s), {len(ev.nodes)} graph node(s), {len(ev.bundles)} "
+            f"source bundle(s) and {len(results) - answered} source failure note(s)."
+        )
+        self.steps.add(
+            "evidence", {"id": "bridge-evidence", "label": "Prepare evidence", "status": "done", "detail": detail}
+        )
         if answered == 0:
             return self._fail_closed(len(results))
         if self.plan.mode == "evidence-only":
@@ -165,12 +192,22 @@ class KnowledgeTurn:
     def _source_done(self, result: SourceResult) -> None:
         src = result.source.descriptor
         safe = diag.safe_id(src.id)
-        step: dict[str, Any] = {"id": f"tool-{safe}", "label": f"Call {diag.safe_text(src.name)}", "sourceId": src.id,
-                                "toolName": f"llmwiki_context__{safe}", "parentId": "bridge-plan",
-                                "latencyMs": result.latency_ms}  # fmt: skip
+        step: dict[str, Any] = {
+            "id": f"tool-{safe}",
+            "label": f"Call {diag.safe_text(src.name)}",
+            "sourceId": src.id,
+            "toolName": f"llmwiki_context__{safe}",
+            "parentId": "bridge-plan",
+            "latencyMs": result.latency_ms,
+        }
         if result.error is not None:
-            d = (diag.skipped(src, self.settings.budget_seconds) if result.skipped else
-                 diag.source_failure(src, result.error, phase="query", timeout_s=self.settings.source_timeout_seconds))
+            d = (
+                diag.skipped(src, self.settings.budget_seconds)
+                if result.skipped
+                else diag.source_failure(
+                    src, result.error, phase="query", timeout_s=self.settings.source_timeout_seconds
+                )
+            )
             step.update(status="error", error="Source query failed.", detail=d["message"], diagnostic=d)
         else:
             found = len((result.payload or {}).get("evidence") or [])
@@ -189,12 +226,15 @@ class KnowledgeTurn:
             return
         caps = result.caps or Capabilities()
         fresh = self.evidence.add(src, result.payload, caps.bundle)
-        refs = [{"id": c["id"], "title": c["title"], **({"path": p} if (p := safe_path(c.get("path"))) else {})}
-                for c in fresh[:5]]  # fmt: skip
+        refs = [
+            {"id": c["id"], "title": c["title"], **({"path": p} if (p := safe_path(c.get("path"))) else {})}
+            for c in fresh[:5]
+        ]
         listed = "; ".join(f"{r.get('path', r['id'])} ({r['title']})" for r in refs)
         detail = f"Read {len(fresh)} citation(s) from {src.name}. Evidence: {listed or 'none'}."
-        step.update(detail=diag.safe_text(detail, diag.DETAIL_CHARS), citationIds=[c["id"] for c in fresh],
-                    citationRefs=refs)
+        step.update(
+            detail=diag.safe_text(detail, diag.DETAIL_CHARS), citationIds=[c["id"] for c in fresh], citationRefs=refs
+        )
         if result.route is not None and result.route.diagnostic is not None:
             step["diagnostic"] = result.route.diagnostic
             self.diagnostics.append(result.route.diagnostic)
@@ -204,8 +244,12 @@ class KnowledgeTurn:
     def _bundle_step(self, result: SourceResult, caps: Capabilities) -> None:
         src = result.source.descriptor
         safe = diag.safe_id(src.id)
-        step: dict[str, Any] = {"id": f"source-manifest-{safe}", "parentId": f"tool-{safe}", "sourceId": src.id,
-                                "label": f"Read {diag.safe_text(src.name)} source bundle"}  # fmt: skip
+        step: dict[str, Any] = {
+            "id": f"source-manifest-{safe}",
+            "parentId": f"tool-{safe}",
+            "sourceId": src.id,
+            "label": f"Read {diag.safe_text(src.name)} source bundle",
+        }
         if caps.bundle is not None:
             step.update(status="done", detail="Read safe source bundle metadata.")
         else:
@@ -223,17 +267,30 @@ class KnowledgeTurn:
 
     def _evidence_only(self, answered: int, failed: int, step_id: str = "bridge-evidence-only-answer") -> str:
         text = answers.evidence_only(self.evidence.citations, answered, failed)
-        self.steps.add("answer", {"id": step_id, "label": "Answer from evidence", "status": "done",
-                                  "detail": "Answered with the top evidence snippets and their citation anchors; "
-                                            "no runtime was called."})  # fmt: skip
+        self.steps.add(
+            "answer",
+            {
+                "id": step_id,
+                "label": "Answer from evidence",
+                "status": "done",
+                "detail": "Answered with the top evidence snippets and their citation anchors; no runtime was called.",
+            },
+        )
         return text
 
     async def _delegate(self, answered: int, failed: int) -> TurnOutcome:
         runtime = self.settings.runtime
         prompt = PromptContext(self.turn.question, self.turn.session_id, self.turn.thread_id, self.turn.turn_id)
         body = build_request(runtime, self.evidence, prompt, self.turn.history)
-        self.steps.report("runtime", {"id": "runtime-chat-completions", "label": "Call chat completions",
-                                      "status": "running", "detail": "Calling the configured runtime."})  # fmt: skip
+        self.steps.report(
+            "runtime",
+            {
+                "id": "runtime-chat-completions",
+                "label": "Call chat completions",
+                "status": "running",
+                "detail": "Calling the configured runtime.",
+            },
+        )
         streamed: list[str] = []
         start = time.monotonic()
         try:
@@ -244,47 +301,95 @@ class KnowledgeTurn:
         detail = "The chat completions endpoint returned a grounded markdown answer."
         if suffix:
             detail += " The bridge appended bounded fallback citation anchors because the runtime returned none."
-        self.steps.add("runtime", {"id": "runtime-chat-completions", "label": "Call chat completions", "status": "done",
-                                   "latencyMs": _ms(start), "detail": detail})  # fmt: skip
+        self.steps.add(
+            "runtime",
+            {
+                "id": "runtime-chat-completions",
+                "label": "Call chat completions",
+                "status": "done",
+                "latencyMs": _ms(start),
+                "detail": detail,
+            },
+        )
         return self._finish(text + suffix, emitted=True)
 
-    def _runtime_failed(self, exc: RuntimeFailure, partial: str, answered: int, failed: int,
-                        latency: int) -> TurnOutcome:  # fmt: skip
+    def _runtime_failed(
+        self, exc: RuntimeFailure, partial: str, answered: int, failed: int, latency: int
+    ) -> TurnOutcome:
         runtime = self.settings.runtime
-        d = diag.runtime_failure(exc.reason, http_status=exc.http_status, timeout_s=runtime.timeout_seconds,
-                                 model_configured=bool(runtime.model))  # fmt: skip
+        d = diag.runtime_failure(
+            exc.reason,
+            http_status=exc.http_status,
+            timeout_s=runtime.timeout_seconds,
+            model_configured=bool(runtime.model),
+        )
         self.diagnostics.append(d)
-        self.steps.add("runtime", {"id": "runtime-chat-completions", "label": "Call chat completions",
-                                   "status": "error", "latencyMs": latency, "error": d["message"],
-                                   "detail": d["message"], "diagnostic": d})  # fmt: skip
+        self.steps.add(
+            "runtime",
+            {
+                "id": "runtime-chat-completions",
+                "label": "Call chat completions",
+                "status": "error",
+                "latencyMs": latency,
+                "error": d["message"],
+                "detail": d["message"],
+                "diagnostic": d,
+            },
+        )
         if self.plan.mode == "hybrid":
             fallback = self._evidence_only(answered, failed, "bridge-evidence-only-fallback")
             text = partial + self._emit(("\n\n" if partial else "") + fallback)
             return self._finish(text, emitted=True)
-        error = TurnError("RUNTIME_FAILED", "the knowledge runtime failed; evidence and steps are in the artifact",
-                          {"reason": exc.reason, **({"httpStatus": exc.http_status} if exc.http_status else {})})
+        error = TurnError(
+            "RUNTIME_FAILED",
+            "the knowledge runtime failed; evidence and steps are in the artifact",
+            {"reason": exc.reason, **({"httpStatus": exc.http_status} if exc.http_status else {})},
+        )
         return self._finish(partial, emitted=True, error=error)
 
     def _fail_closed(self, failed: int) -> TurnOutcome:
         text = answers.fail_closed(failed) if failed else answers.no_sources()
-        self.steps.add("fail_closed", {"id": "bridge-source-fail-closed", "label": "Fail closed", "status": "error",
-                                       "detail": "No selected knowledge source returned evidence; the runtime was "
-                                                 "not called."})  # fmt: skip
-        error = TurnError("KNOWLEDGE_SOURCES_FAILED", "every selected knowledge source failed",
-                          {"failedSources": [s.descriptor.id for s in self.plan.sources]})
+        self.steps.add(
+            "fail_closed",
+            {
+                "id": "bridge-source-fail-closed",
+                "label": "Fail closed",
+                "status": "error",
+                "detail": "No selected knowledge source returned evidence; the runtime was not called.",
+            },
+        )
+        error = TurnError(
+            "KNOWLEDGE_SOURCES_FAILED",
+            "every selected knowledge source failed",
+            {"failedSources": [s.descriptor.id for s in self.plan.sources]},
+        )
         return self._finish(text, error=error)
 
     def _finish(self, answer: str, *, emitted: bool = False, error: TurnError | None = None) -> TurnOutcome:
         if not emitted:
             self._emit(answer)
-        self.steps.add("final", {"id": "bridge-final-answer", "label": "Return artifact", "status": "done",
-                                 "detail": "Returned a structured llmwiki_agent_result artifact."})  # fmt: skip
+        self.steps.add(
+            "final",
+            {
+                "id": "bridge-final-answer",
+                "label": "Return artifact",
+                "status": "done",
+                "detail": "Returned a structured llmwiki_agent_result artifact.",
+            },
+        )
         artifact = {
-            "type": "llmwiki_agent_result", "requestId": self.turn.turn_id, "traceId": uuid.uuid4().hex,
-            "answer": answer, "orchestrationMode": self.plan.mode, "citations": self.evidence.citations,
-            "graph": {"nodes": self.evidence.nodes, "edges": self.evidence.edges}, "steps": self.steps.items,
-            "sourceBundles": self.evidence.bundles, "diagnostics": self.diagnostics,
-        }  # fmt: skip
+            "type": "llmwiki_agent_result",
+            "requestId": self.turn.turn_id,
+            "traceId": uuid.uuid4().hex,
+            "answer": answer,
+            "orchestrationMode": self.plan.mode,
+            "citations": self.evidence.citations,
+            "graph": {"nodes": self.evidence.nodes, "edges": self.evidence.edges},
+            "steps": self.steps.items,
+            "sourceBundles": self.evidence.bundles,
+            "diagnostics": self.diagnostics,
+        }
         status = "failed" if error else "completed"
-        return TurnOutcome(status, stop_reason="end_turn" if not error else "error", error=error,
-                           extra={"artifacts": [artifact]})  # fmt: skip
+        return TurnOutcome(
+            status, stop_reason="end_turn" if not error else "error", error=error, extra={"artifacts": [artifact]}
+        )

@@ -64,11 +64,12 @@ def citations_from(source_id: str, payload: dict[str, Any]) -> list[dict[str, An
         local = str(item.get("page_id") or item.get("pageId") or item.get("id") or item.get("path") or index)
         citation: dict[str, Any] = {
             "id": local if local.startswith(f"{source_id}:") else f"{source_id}:{local}",
-            "sourceId": source_id, "pageId": local.removeprefix(f"{source_id}:"),
+            "sourceId": source_id,
+            "pageId": local.removeprefix(f"{source_id}:"),
             "title": readable(item.get("title")) or "Untitled",
             "snippet": readable(item.get("snippet") or item.get("summary"))[:SNIPPET_CHARS],
             "sourceRefs": _refs(item),
-        }  # fmt: skip
+        }
         if isinstance(item.get("score"), (int, float)):
             citation["score"] = round(float(item["score"]), 6)
         if path := safe_path(item.get("path")):
@@ -89,9 +90,12 @@ def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, 
         kept.add(node_id)
         metadata = dict(node["metadata"]) if isinstance(node.get("metadata"), dict) else {}
         metadata.pop("source_root", None)
-        out = {"id": f"{source_id}:{node_id}", "label": str(node.get("label") or node.get("title") or node_id),
-               "kind": str(node.get("kind") or node.get("role") or "node"), "metadata": {**metadata,
-               "sourceId": source_id}}  # fmt: skip
+        out = {
+            "id": f"{source_id}:{node_id}",
+            "label": str(node.get("label") or node.get("title") or node_id),
+            "kind": str(node.get("kind") or node.get("role") or "node"),
+            "metadata": {**metadata, "sourceId": source_id},
+        }
         if path := safe_path(node.get("path")):
             out["path"] = path
         nodes.append(out)
@@ -99,9 +103,14 @@ def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, 
     for edge in graph.get("edges") or []:
         if isinstance(edge, dict) and edge.get("source") in kept and edge.get("target") in kept:
             metadata = dict(edge["metadata"]) if isinstance(edge.get("metadata"), dict) else {}
-            edges.append({"source": f"{source_id}:{edge['source']}", "target": f"{source_id}:{edge['target']}",
-                          "relation": str(edge.get("relation") or "related"),
-                          "metadata": {**metadata, "sourceId": source_id}})  # fmt: skip
+            edges.append(
+                {
+                    "source": f"{source_id}:{edge['source']}",
+                    "target": f"{source_id}:{edge['target']}",
+                    "relation": str(edge.get("relation") or "related"),
+                    "metadata": {**metadata, "sourceId": source_id},
+                }
+            )
     return nodes, edges
 
 
@@ -111,18 +120,36 @@ def bundle_from(source_id: str, bundle: dict[str, Any]) -> dict[str, Any]:
     raw = bundle.get("raw_origins") if isinstance(bundle.get("raw_origins"), dict) else {}
     refs = [r for r in bundle.get("source_refs") or [] if isinstance(r, dict)]
     out: dict[str, Any] = {
-        "sourceId": source_id, "upstreamSourceId": bundle.get("source_id"), "bundleId": bundle.get("bundle_id"),
-        "title": bundle.get("title"), "adapter": bundle.get("adapter"), "implementation": bundle.get("implementation"),
+        "sourceId": source_id,
+        "upstreamSourceId": bundle.get("source_id"),
+        "bundleId": bundle.get("bundle_id"),
+        "title": bundle.get("title"),
+        "adapter": bundle.get("adapter"),
+        "implementation": bundle.get("implementation"),
         "capabilities": [c.strip() for c in bundle.get("capabilities") or [] if isinstance(c, str)],
-        "projection": {"signature": proj.get("signature"), "pageCount": proj.get("page_count"),
-                       "approvedPageCount": proj.get("approved_page_count"),
-                       "graphNodeCount": proj.get("graph_node_count"), "graphEdgeCount": proj.get("graph_edge_count")},
-        "rawOrigins": {"enabled": raw.get("enabled"), "metadataOnly": raw.get("metadata_only"),
-                       "publicRootLabelCount": len(raw.get("public_root_labels") or [])},
-        "sourceRefs": [{"id": r.get("id"), "label": r.get("label"), "type": r.get("type") or r.get("kind"),
-                        **({"uri": u} if (u := safe_url(r.get("uri"))) else {})} for r in refs[:SOURCE_REFS]],
+        "projection": {
+            "signature": proj.get("signature"),
+            "pageCount": proj.get("page_count"),
+            "approvedPageCount": proj.get("approved_page_count"),
+            "graphNodeCount": proj.get("graph_node_count"),
+            "graphEdgeCount": proj.get("graph_edge_count"),
+        },
+        "rawOrigins": {
+            "enabled": raw.get("enabled"),
+            "metadataOnly": raw.get("metadata_only"),
+            "publicRootLabelCount": len(raw.get("public_root_labels") or []),
+        },
+        "sourceRefs": [
+            {
+                "id": r.get("id"),
+                "label": r.get("label"),
+                "type": r.get("type") or r.get("kind"),
+                **({"uri": u} if (u := safe_url(r.get("uri"))) else {}),
+            }
+            for r in refs[:SOURCE_REFS]
+        ],
         "sourceRefCount": len(refs),
-    }  # fmt: skip
+    }
     return out
 
 
@@ -156,22 +183,46 @@ class Evidence(msgspec.Struct):
         return fresh
 
     def fail(self, source: Any, message: str, remediation: str) -> None:
-        self.failures.append({"id": source.id, "name": source.name, "protocol": source.protocol,
-                              "error": "Source query failed.", "message": message, "remediation": remediation})
+        self.failures.append(
+            {
+                "id": source.id,
+                "name": source.name,
+                "protocol": source.protocol,
+                "error": "Source query failed.",
+                "message": message,
+                "remediation": remediation,
+            }
+        )
 
 
-def _summary(source: Any, payload: dict[str, Any], indexes: list[int], nodes: list[Any],
-             edges: list[Any]) -> dict[str, Any]:  # fmt: skip
-    orientation = [{"id": f"{source.id}:{o.get('page_id') or o.get('id')}", "title": readable(o.get("title")),
-                    "path": safe_path(o.get("path")), "snippet": readable(o.get("snippet"))[:320],
-                    "role": o.get("role"), "sourceRefs": _refs(o)}
-                   for o in payload.get("orientation") or [] if isinstance(o, dict)][:3]  # fmt: skip
+def _summary(
+    source: Any, payload: dict[str, Any], indexes: list[int], nodes: list[Any], edges: list[Any]
+) -> dict[str, Any]:
+    orientation = [
+        {
+            "id": f"{source.id}:{o.get('page_id') or o.get('id')}",
+            "title": readable(o.get("title")),
+            "path": safe_path(o.get("path")),
+            "snippet": readable(o.get("snippet"))[:320],
+            "role": o.get("role"),
+            "sourceRefs": _refs(o),
+        }
+        for o in payload.get("orientation") or []
+        if isinstance(o, dict)
+    ][:3]
     return {
-        "id": source.id, "name": source.name, "protocol": source.protocol,
-        "description": readable(payload.get("description"))[:320], "wikiTitle": payload.get("wiki_title"),
-        "adapter": payload.get("adapter"), "implementation": payload.get("implementation"),
-        "pageCount": payload.get("page_count"), "approvedPageCount": payload.get("approved_page_count"),
-        "orientation": orientation, "citationIndexes": indexes, "citationCount": len(indexes),
+        "id": source.id,
+        "name": source.name,
+        "protocol": source.protocol,
+        "description": readable(payload.get("description"))[:320],
+        "wikiTitle": payload.get("wiki_title"),
+        "adapter": payload.get("adapter"),
+        "implementation": payload.get("implementation"),
+        "pageCount": payload.get("page_count"),
+        "approvedPageCount": payload.get("approved_page_count"),
+        "orientation": orientation,
+        "citationIndexes": indexes,
+        "citationCount": len(indexes),
         "limitations": [readable(x)[:320] for x in payload.get("limitations") or []][:8],
         "graph": {"nodeCount": len(nodes), "edgeCount": len(edges)},
-    }  # fmt: skip
+    }

@@ -22,8 +22,9 @@ SearchMode = Literal["lexical", "literal", "vector", "hybrid"]
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
-                              defer_build=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, defer_build=True
+    )
 
 
 class SearchOptions(_Params):
@@ -60,8 +61,9 @@ class KnowledgeTurnParams(BaseModel):
     client explicitly asks for no source.
     """
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True,
-                              defer_build=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True, defer_build=True
+    )
 
     orchestration_mode: OrchestrationMode | None = None
     retrieval: RetrievalIntent | None = None
@@ -71,8 +73,9 @@ class KnowledgeTurnParams(BaseModel):
 class _MethodParams(BaseModel):
     """Method params: unknown keys are ignored (docs/api.md, "Envelope")."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True,
-                              defer_build=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True, defer_build=True
+    )
 
 
 class ReadParams(_MethodParams):

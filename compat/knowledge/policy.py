@@ -11,16 +11,17 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
 from bridge.rpc.errors import InvalidParams
 from compat.knowledge.settings import RequestSourcesPolicy, SourceDescriptor
-from compat.settings import SettingsError, convert
 from compat.params import invalid_params
+from compat.settings import SettingsError, convert
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -61,8 +62,9 @@ def _check_url(desc: SourceDescriptor, field: str, policy: RequestSourcesPolicy)
     if parts.username is not None or parts.password is not None:
         raise _refuse("source url must not include credentials", field, "SOURCE_URL_CREDENTIALS")
     if not origin_allowed(url, policy.allowed_origins):
-        raise _refuse("source url is outside knowledge.requestSources.allowedOrigins", field,
-                      "SOURCE_ORIGIN_NOT_ALLOWED")  # fmt: skip
+        raise _refuse(
+            "source url is outside knowledge.requestSources.allowedOrigins", field, "SOURCE_ORIGIN_NOT_ALLOWED"
+        )
 
 
 def _check_root(desc: SourceDescriptor, field: str, roots: Sequence[Path]) -> SourceDescriptor:
@@ -72,8 +74,9 @@ def _check_root(desc: SourceDescriptor, field: str, roots: Sequence[Path]) -> So
     return msgspec.structs.replace(desc, root=str(real))
 
 
-def request_sources(raw: list[dict[str, Any]], policy: RequestSourcesPolicy,
-                    roots: Sequence[Path]) -> list[SourceDescriptor]:  # fmt: skip
+def request_sources(
+    raw: list[dict[str, Any]], policy: RequestSourcesPolicy, roots: Sequence[Path]
+) -> list[SourceDescriptor]:
     """Validate the ``knowledgeSources`` param.
 
     Raises:
@@ -82,8 +85,11 @@ def request_sources(raw: list[dict[str, Any]], policy: RequestSourcesPolicy,
             SOURCE_ROOT_NOT_ALLOWED, DUPLICATE_SOURCE_ID, or field errors).
     """
     if raw and not policy.enabled:
-        raise _refuse("knowledgeSources in requests are disabled (knowledge.requestSources.enabled)",
-                      "knowledgeSources", "REQUEST_SOURCES_DISABLED")  # fmt: skip
+        raise _refuse(
+            "knowledgeSources in requests are disabled (knowledge.requestSources.enabled)",
+            "knowledgeSources",
+            "REQUEST_SOURCES_DISABLED",
+        )
     out: list[SourceDescriptor] = []
     seen: dict[str, int] = {}
     for index, item in enumerate(raw):
@@ -93,12 +99,18 @@ def request_sources(raw: list[dict[str, Any]], policy: RequestSourcesPolicy,
         except SettingsError as exc:
             raise invalid_params(exc) from exc
         if desc.id in seen:
-            raise InvalidParams(f"duplicate knowledge source id {desc.id!r} at positions {seen[desc.id] + 1} and "
-                                f"{index + 1}", field=f"{field}.id", reason="DUPLICATE_SOURCE_ID")  # fmt: skip
+            raise InvalidParams(
+                f"duplicate knowledge source id {desc.id!r} at positions {seen[desc.id] + 1} and {index + 1}",
+                field=f"{field}.id",
+                reason="DUPLICATE_SOURCE_ID",
+            )
         seen[desc.id] = index
         if desc.protocol not in policy.protocols:
-            raise _refuse(f"protocol {desc.protocol} is not allowed for request sources", f"{field}.protocol",
-                          "PROTOCOL_NOT_ALLOWED")  # fmt: skip
+            raise _refuse(
+                f"protocol {desc.protocol} is not allowed for request sources",
+                f"{field}.protocol",
+                "PROTOCOL_NOT_ALLOWED",
+            )
         if desc.protocol == "local-wiki":
             desc = _check_root(desc, f"{field}.root", roots)
         else:

@@ -11,7 +11,8 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -44,7 +45,10 @@ def check_intent(intent: RetrievalIntent | None) -> None:
     if intent is not None and intent.search.query_variants and intent.search_mode != "lexical":
         raise RetrievalModeUnsupported(
             f"retrieval.search.queryVariants is valid only when retrieval.searchMode is lexical "
-            f"(got {intent.search_mode}).", field="retrieval.search.queryVariants", searchMode=intent.search_mode)
+            f"(got {intent.search_mode}).",
+            field="retrieval.search.queryVariants",
+            searchMode=intent.search_mode,
+        )
 
 
 def excluded_ids(intent: RetrievalIntent | None, source_id: str, selected: Sequence[str]) -> tuple[str, ...]:
@@ -62,19 +66,23 @@ def excluded_ids(intent: RetrievalIntent | None, source_id: str, selected: Seque
         elif prefix == source_id:
             out.append(rest)
         elif prefix not in selected:
-            raise InvalidParams(f"retrieval.search.excludePageIds: {prefix!r} is not a selected source",
-                                field="retrieval.search.excludePageIds")  # fmt: skip
+            raise InvalidParams(
+                f"retrieval.search.excludePageIds: {prefix!r} is not a selected source",
+                field="retrieval.search.excludePageIds",
+            )
     return tuple(out)
 
 
-def route(intent: RetrievalIntent | None, caps: Capabilities, source: SourceDescriptor,
-          excluded: tuple[str, ...] = ()) -> Route:  # fmt: skip
+def route(
+    intent: RetrievalIntent | None, caps: Capabilities, source: SourceDescriptor, excluded: tuple[str, ...] = ()
+) -> Route:
     """The retrieval ``source`` receives, given what it advertises."""
     if intent is None:
         return Route(RoutedRetrieval(limit=DEFAULT_LIMIT))
     search, mode = intent.search, intent.search_mode
-    full = RoutedRetrieval(mode, search.limit or DEFAULT_LIMIT, search.snippet_chars, search.fields, excluded,
-                           search.query_variants)  # fmt: skip
+    full = RoutedRetrieval(
+        mode, search.limit or DEFAULT_LIMIT, search.snippet_chars, search.fields, excluded, search.query_variants
+    )
     missing, status = None, "matched"
     if not caps.has(RETRIEVAL_V1):
         missing, status = RETRIEVAL_V1, "missing_retrieval_v1"
@@ -89,9 +97,15 @@ def route(intent: RetrievalIntent | None, caps: Capabilities, source: SourceDesc
         routed = RoutedRetrieval(limit=search.limit or DEFAULT_LIMIT)
     if caps.origin == "none":
         status = "unknown"
-    observations = {"requestedMode": mode, "appliedMode": routed.mode or "lexical", "fallback": intent.fallback,
-                    "capabilityMatched": missing == GUIDED_LEXICAL_V1, "capabilityStatus": status,
-                    "capabilityMetadataSource": caps.origin, "missingCapability": missing}  # fmt: skip
+    observations = {
+        "requestedMode": mode,
+        "appliedMode": routed.mode or "lexical",
+        "fallback": intent.fallback,
+        "capabilityMatched": missing == GUIDED_LEXICAL_V1,
+        "capabilityStatus": status,
+        "capabilityMetadataSource": caps.origin,
+        "missingCapability": missing,
+    }
     return Route(routed, missing, retrieval_fallback(source, observations))
 
 
@@ -103,14 +117,19 @@ def enforce(intent: RetrievalIntent | None, sources: Sequence[SourceDescriptor],
     """
     if intent is None or intent.fallback != "none":
         return
-    lacking = [(s, r.missing) for s, r in zip(sources, routes) if r.missing]
+    lacking = [(s, r.missing) for s, r in zip(sources, routes, strict=False) if r.missing]
     if not lacking:
         return
     names = ", ".join(f"{s.id} ({s.protocol})" for s, _ in lacking)
-    what = (f"Retrieval queryVariants require selected source(s) to advertise exact {GUIDED_LEXICAL_V1}"
-            if all(m == GUIDED_LEXICAL_V1 for _, m in lacking)
-            else f"Retrieval searchMode {intent.search_mode} is not supported by selected source(s)")  # fmt: skip
+    what = (
+        f"Retrieval queryVariants require selected source(s) to advertise exact {GUIDED_LEXICAL_V1}"
+        if all(m == GUIDED_LEXICAL_V1 for _, m in lacking)
+        else f"Retrieval searchMode {intent.search_mode} is not supported by selected source(s)"
+    )
     raise RetrievalModeUnsupported(
         f"{what}: {names}. Set fallback to lexical or choose sources that advertise the requested retrieval "
-        "capability.", field="retrieval", searchMode=intent.search_mode,
-        sources=[{"id": s.id, "protocol": s.protocol, "missingCapability": m} for s, m in lacking])  # fmt: skip
+        "capability.",
+        field="retrieval",
+        searchMode=intent.search_mode,
+        sources=[{"id": s.id, "protocol": s.protocol, "missingCapability": m} for s, m in lacking],
+    )

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -27,17 +28,19 @@ from compat.knowledge.settings import RuntimeSettings
 if TYPE_CHECKING:
     import httpx
 
-SYSTEM_PROMPT = " ".join((
-    "You are answering through a local LLMWiki Agent Bridge.",
-    "Answer in grounded markdown using only the provided LLMWiki evidence.",
-    "Every factual claim that relies on evidence must include markdown citation anchors near the claim, "
-    "formatted exactly as [n](#citation-n).",
-    "Use n as the 1-based index of the matching item in the evidence bundle citations array; do not use "
-    "citationDigest order or sourceRefs for numbering.",
-    "When one claim needs several sources, include several anchors after that claim.",
-    "If evidence is incomplete or a source failed, state the limitation plainly.",
-    "Do not expose API keys, request headers, or bridge internals.",
-))  # fmt: skip
+SYSTEM_PROMPT = " ".join(
+    (
+        "You are answering through a local LLMWiki Agent Bridge.",
+        "Answer in grounded markdown using only the provided LLMWiki evidence.",
+        "Every factual claim that relies on evidence must include markdown citation anchors near the claim, "
+        "formatted exactly as [n](#citation-n).",
+        "Use n as the 1-based index of the matching item in the evidence bundle citations array; do not use "
+        "citationDigest order or sourceRefs for numbering.",
+        "When one claim needs several sources, include several anchors after that claim.",
+        "If evidence is incomplete or a source failed, state the limitation plainly.",
+        "Do not expose API keys, request headers, or bridge internals.",
+    )
+)
 HISTORY_LIMIT = 12
 HISTORY_CHARS = 6000
 DIGEST_LIMIT = 8
@@ -101,8 +104,16 @@ def citation_digest(citations: list[dict[str, Any]], question: str) -> list[dict
     terms = [w for w in dict.fromkeys(w.lower() for w in _WORD.findall(question)) if len(w) > 2]
     phrase = " ".join(_WORD.findall(question.lower()))
     ranked = sorted(citations, key=lambda c: -_relevance(c, terms, phrase))[:DIGEST_LIMIT]
-    return [{"id": c["id"], "title": c["title"], "path": c.get("path"), "snippet": c["snippet"][:320],
-             "sourceRefs": c.get("sourceRefs", [])} for c in ranked]  # fmt: skip
+    return [
+        {
+            "id": c["id"],
+            "title": c["title"],
+            "path": c.get("path"),
+            "snippet": c["snippet"][:320],
+            "sourceRefs": c.get("sourceRefs", []),
+        }
+        for c in ranked
+    ]
 
 
 def evidence_bundle(evidence: Evidence, ctx: PromptContext, history_length: int) -> dict[str, Any]:
@@ -114,29 +125,48 @@ def evidence_bundle(evidence: Evidence, ctx: PromptContext, history_length: int)
         "runtimeContract": {
             "citations": "Use the top-level citations array as the only citation anchor source.",
             "graph": "Graph and source bundle details are returned in the bridge artifact and source tools, "
-                     "not in this answer prompt.",
+            "not in this answer prompt.",
         },
         "conversationContext": {
-            "schema": "llmwiki-agent-bridge.conversation-context.v1", "threadId": ctx.thread_id,
-            "sessionId": ctx.session_id, "turnId": ctx.turn_id, "messageCount": history_length + 1,
-            "historyLength": history_length, "historyLimit": HISTORY_LIMIT,
+            "schema": "llmwiki-agent-bridge.conversation-context.v1",
+            "threadId": ctx.thread_id,
+            "sessionId": ctx.session_id,
+            "turnId": ctx.turn_id,
+            "messageCount": history_length + 1,
+            "historyLength": history_length,
+            "historyLimit": HISTORY_LIMIT,
         },
         "citationDigest": citation_digest(evidence.citations, ctx.question),
         "citations": evidence.citations,
         "sources": evidence.sources,
         "sourceFailures": evidence.failures,
-        "mergedGraphSummary": {"nodeCount": len(evidence.nodes), "edgeCount": len(evidence.edges),
-                               "corpusPageCount": pages, "corpusApprovedPageCount": approved},
-        "mergedCorpusSummary": {"sourceCount": len(evidence.sources), "pageCount": pages, "approvedPageCount": approved,
-                                "sources": [{"id": s["id"], "name": s["name"], "pageCount": s.get("pageCount"),
-                                             "approvedPageCount": s.get("approvedPageCount")}
-                                            for s in evidence.sources]},
+        "mergedGraphSummary": {
+            "nodeCount": len(evidence.nodes),
+            "edgeCount": len(evidence.edges),
+            "corpusPageCount": pages,
+            "corpusApprovedPageCount": approved,
+        },
+        "mergedCorpusSummary": {
+            "sourceCount": len(evidence.sources),
+            "pageCount": pages,
+            "approvedPageCount": approved,
+            "sources": [
+                {
+                    "id": s["id"],
+                    "name": s["name"],
+                    "pageCount": s.get("pageCount"),
+                    "approvedPageCount": s.get("approvedPageCount"),
+                }
+                for s in evidence.sources
+            ],
+        },
         "citationCount": len(evidence.citations),
-    }  # fmt: skip
+    }
 
 
-def build_request(settings: RuntimeSettings, evidence: Evidence, ctx: PromptContext,
-                  history: Sequence[tuple[str, str]]) -> dict[str, Any]:  # fmt: skip
+def build_request(
+    settings: RuntimeSettings, evidence: Evidence, ctx: PromptContext, history: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
     """The chat-completions request body (streaming)."""
     past = conversation(history, ctx.question)
     bundle = evidence_bundle(evidence, ctx, len(past))

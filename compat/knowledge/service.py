@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -51,8 +52,12 @@ class KnowledgeService:
         ValueError: two configured sources share an id.
     """
 
-    def __init__(self, settings: KnowledgeSettings | None = None, sources: Sequence[SourceDescriptor] | None = None,
-                 roots: Sequence[Path] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: KnowledgeSettings | None = None,
+        sources: Sequence[SourceDescriptor] | None = None,
+        roots: Sequence[Path] = (),
+    ) -> None:
         self.settings = settings or KnowledgeSettings()
         self.roots = [Path(r).resolve() for r in roots]
         descriptors = list(default_sources() if sources is None else sources)
@@ -126,8 +131,11 @@ class KnowledgeService:
     def _mode(self, params: KnowledgeTurnParams) -> str:
         mode = params.orchestration_mode or ("hybrid" if self.settings.runtime.configured else "evidence-only")
         if mode != "evidence-only" and not self.settings.runtime.configured:
-            raise InvalidParams(f"orchestrationMode {mode} needs knowledge.runtime (baseUrl and model)",
-                                field="orchestrationMode", reason="RUNTIME_NOT_CONFIGURED")  # fmt: skip
+            raise InvalidParams(
+                f"orchestrationMode {mode} needs knowledge.runtime (baseUrl and model)",
+                field="orchestrationMode",
+                reason="RUNTIME_NOT_CONFIGURED",
+            )
         return mode
 
     async def plan(self, extra: dict[str, Any], provider_sources: Sequence[str] | None = None) -> TurnPlan:
@@ -169,8 +177,12 @@ class KnowledgeService:
             for index, source in enumerate(plan.sources):
                 tg.start_soon(one, index, source)
         selected = [s.descriptor.id for s in plan.sources]
-        routes = [retrieval.route(plan.intent, c, s.descriptor, retrieval.excluded_ids(plan.intent, s.descriptor.id,
-                  selected)) for s, c in zip(plan.sources, caps)]  # fmt: skip
+        routes = [
+            retrieval.route(
+                plan.intent, c, s.descriptor, retrieval.excluded_ids(plan.intent, s.descriptor.id, selected)
+            )
+            for s, c in zip(plan.sources, caps, strict=False)
+        ]
         retrieval.enforce(plan.intent, [s.descriptor for s in plan.sources], routes)
         return routes
 
@@ -188,8 +200,9 @@ class KnowledgeService:
             for source in plan.owned:
                 await source.aclose()
 
-    async def run_turn(self, extra: dict[str, Any], turn: TurnInput, sink: TurnSink,
-                       provider_sources: Sequence[str] | None = None) -> TurnOutcome:  # fmt: skip
+    async def run_turn(
+        self, extra: dict[str, Any], turn: TurnInput, sink: TurnSink, provider_sources: Sequence[str] | None = None
+    ) -> TurnOutcome:
         """Run one knowledge turn. Never raises for params or source failures: they are outcomes."""
         try:
             plan = await self.plan(extra, provider_sources)
@@ -207,8 +220,17 @@ class KnowledgeService:
         URLs, credentials or absolute roots)."""
         entries: list[dict[str, Any]] = []
         for desc in self.descriptors.values():
-            entries.append({"id": desc.id, "label": desc.name, "protocol": desc.protocol, "enabled": desc.enabled,
-                            "ready": False, "capabilities": list(desc.capabilities), "capabilityOrigin": "descriptor"})
+            entries.append(
+                {
+                    "id": desc.id,
+                    "label": desc.name,
+                    "protocol": desc.protocol,
+                    "enabled": desc.enabled,
+                    "ready": False,
+                    "capabilities": list(desc.capabilities),
+                    "capabilityOrigin": "descriptor",
+                }
+            )
 
         async def probe_one(entry: dict[str, Any]) -> None:
             caps = await self.capabilities(self.source(entry["id"]))
@@ -217,8 +239,9 @@ class KnowledgeService:
                 entry["reason"] = caps.error.reason
             projection = (caps.bundle or {}).get("projection") or {}
             if isinstance(projection, dict) and projection.get("page_count") is not None:
-                entry.update(pageCount=projection.get("page_count"),
-                             approvedPageCount=projection.get("approved_page_count"))  # fmt: skip
+                entry.update(
+                    pageCount=projection.get("page_count"), approvedPageCount=projection.get("approved_page_count")
+                )
 
         if probe:
             limiter = anyio.CapacityLimiter(self.settings.fan_out)
@@ -232,8 +255,13 @@ class KnowledgeService:
                     if entry["enabled"]:
                         tg.start_soon(limited, entry)
         ready = sum(1 for e in entries if e["ready"])
-        return {"sources": entries, "totalSourceCount": len(entries), "readySourceCount": ready,
-                "enabledSourceCount": sum(1 for e in entries if e["enabled"]), "probed": probe}  # fmt: skip
+        return {
+            "sources": entries,
+            "totalSourceCount": len(entries),
+            "readySourceCount": ready,
+            "enabledSourceCount": sum(1 for e in entries if e["enabled"]),
+            "probed": probe,
+        }
 
     async def read(self, source_id: str, path: str = "/") -> dict[str, Any]:
         """``knowledge.read``: the node at ``path`` and its children (progressive disclosure).
@@ -249,13 +277,15 @@ class KnowledgeService:
         except SourceError as exc:
             if exc.reason == "unsupported":
                 raise InvalidParams("this knowledge source has no tree to read", sourceId=source_id) from exc
-            raise KnowledgeNotFound(f"the knowledge source could not be read: {exc.reason}", sourceId=source_id,
-                                    reason=exc.reason) from exc  # fmt: skip
+            raise KnowledgeNotFound(
+                f"the knowledge source could not be read: {exc.reason}", sourceId=source_id, reason=exc.reason
+            ) from exc
         tree = Tree.of(pages)
         node_id = node_path.strip("/")
         if not tree.exists(node_id):
-            raise KnowledgeNotFound("no node at this path", sourceId=source_id, path=node_path,
-                                    nearestParent=tree.nearest_parent(node_id))  # fmt: skip
+            raise KnowledgeNotFound(
+                "no node at this path", sourceId=source_id, path=node_path, nearestParent=tree.nearest_parent(node_id)
+            )
         return await self._node(source, tree, node_id, truncated)
 
     async def _node(self, source: KnowledgeSource, tree: Tree, node_id: str, truncated: bool) -> dict[str, Any]:
@@ -266,15 +296,20 @@ class KnowledgeService:
         await self._fill_summaries(source, children)
         default_title = node_id.rsplit("/", 1)[-1] if node_id else source.descriptor.name
         return {
-            "sourceId": source.descriptor.id, "path": "/" + node_id, "kind": "page" if is_page else "folder",
+            "sourceId": source.descriptor.id,
+            "path": "/" + node_id,
+            "kind": "page" if is_page else "folder",
             "title": (page or {}).get("title") or default_title,
             "summary": (page or {}).get("summary") or (tree.pages.get(content_id or "", {}).get("summary") or ""),
-            "frontMatter": (page or {}).get("frontmatter") or {}, "content": (page or {}).get("text") or "",
-            "children": children, "truncated": truncated,
-        }  # fmt: skip
+            "frontMatter": (page or {}).get("frontmatter") or {},
+            "content": (page or {}).get("text") or "",
+            "children": children,
+            "truncated": truncated,
+        }
 
-    async def _page_or_none(self, source: KnowledgeSource, page_id: str | None,
-                            options: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    async def _page_or_none(
+        self, source: KnowledgeSource, page_id: str | None, options: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         if not page_id:
             return None
         try:

@@ -92,5 +92,8 @@ class KnowledgeSettings(Settings, frozen=True):
 
 def default_sources() -> list[SourceDescriptor]:
     """The embedded default: the bridge's own documentation as a ``local-wiki`` source."""
-    return [SourceDescriptor(id=DEFAULT_DOCS_ID, label="xworkmate-bridge docs", protocol="local-wiki",
-                             root=str(DEFAULT_DOCS_ROOT))]  # fmt: skip
+    return [
+        SourceDescriptor(
+            id=DEFAULT_DOCS_ID, label="xworkmate-bridge docs", protocol="local-wiki", root=str(DEFAULT_DOCS_ROOT)
+        )
+    ]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -65,11 +66,16 @@ class KnowledgeTools:
     def __init__(self, service: Any) -> None:
         self.service = service
         self.handlers: dict[str, Handler] = {
-            "llmwiki_agent_run": self.agent_run, "llmwiki_list_sources": self.list_sources,
-            "llmwiki_context": self.context, "llmwiki_search": self.search, "llmwiki_read": self.read,
-            "llmwiki_graph": self.graph, "llmwiki_graph_neighbors": self.neighbors,
-            "llmwiki_source_bundle": self.source_bundle, "get_wiki_content": self.wiki_content,
-        }  # fmt: skip
+            "llmwiki_agent_run": self.agent_run,
+            "llmwiki_list_sources": self.list_sources,
+            "llmwiki_context": self.context,
+            "llmwiki_search": self.search,
+            "llmwiki_read": self.read,
+            "llmwiki_graph": self.graph,
+            "llmwiki_graph_neighbors": self.neighbors,
+            "llmwiki_source_bundle": self.source_bundle,
+            "get_wiki_content": self.wiki_content,
+        }
 
     async def call(self, name: str, arguments: dict[str, Any] | None) -> ToolResult:
         """Run tool ``name``. Raises InvalidParams for an unknown tool or bad arguments."""
@@ -89,8 +95,9 @@ class KnowledgeTools:
             return self.service.source(source_id)
         enabled = self.service.enabled()
         if len(enabled) != 1:
-            raise InvalidParams(f"{tool} requires sourceId when more than one knowledge source is available.",
-                                field="sourceId")  # fmt: skip
+            raise InvalidParams(
+                f"{tool} requires sourceId when more than one knowledge source is available.", field="sourceId"
+            )
         return self.service.source(enabled[0].id)
 
     # ---- whole turns ----------------------------------------------------------------------------
@@ -99,8 +106,9 @@ class KnowledgeTools:
         extra = {k: args[k] for k in ("orchestrationMode", "retrieval", "knowledgeSources") if k in args}
         await self.service.preflight(extra)
         session = f"mcp-{uuid.uuid4().hex[:12]}"
-        history = tuple((str(m.get("role")), str(m.get("content") or "")) for m in args.get("messages") or []
-                        if isinstance(m, dict))  # fmt: skip
+        history = tuple(
+            (str(m.get("role")), str(m.get("content") or "")) for m in args.get("messages") or [] if isinstance(m, dict)
+        )
         turn = TurnInput(args["query"], session, session, f"turn-{time.time_ns()}", history)
         outcome = await self.service.run_turn(extra, turn, CollectingSink())
         artifact = (outcome.extra.get("artifacts") or [{}])[0]
@@ -133,16 +141,23 @@ class KnowledgeTools:
         pack = await self.service.bounded(source.context(args["query"], routed))
         sid = source.descriptor.id
         nodes, edges = graph_from(sid, pack)
-        return {"llmwiki_context": {
-            "source": sid, "query": args["query"], "wikiTitle": pack.get("wiki_title"),
-            "description": pack.get("description"), "adapter": pack.get("adapter"),
-            "implementation": pack.get("implementation"), "pageCount": pack.get("page_count"),
-            "approvedPageCount": pack.get("approved_page_count"),
-            "orientation": citations_from(sid, {"evidence": pack.get("orientation") or []}),
-            "citations": citations_from(sid, pack), "limitations": pack.get("limitations") or [],
-            "graph": {"nodes": nodes, "edges": edges},
-            "diagnostics": [chosen.diagnostic] if chosen.diagnostic else [],
-        }}  # fmt: skip
+        return {
+            "llmwiki_context": {
+                "source": sid,
+                "query": args["query"],
+                "wikiTitle": pack.get("wiki_title"),
+                "description": pack.get("description"),
+                "adapter": pack.get("adapter"),
+                "implementation": pack.get("implementation"),
+                "pageCount": pack.get("page_count"),
+                "approvedPageCount": pack.get("approved_page_count"),
+                "orientation": citations_from(sid, {"evidence": pack.get("orientation") or []}),
+                "citations": citations_from(sid, pack),
+                "limitations": pack.get("limitations") or [],
+                "graph": {"nodes": nodes, "edges": edges},
+                "diagnostics": [chosen.diagnostic] if chosen.diagnostic else [],
+            }
+        }
 
     async def search(self, args: dict[str, Any]) -> dict[str, Any]:
         source = self._pick(args.get("sourceId"), "llmwiki_search")
@@ -151,23 +166,36 @@ class KnowledgeTools:
             search = {k: args[k] for k in ("limit", "snippetChars", "excludePageIds", "queryVariants") if k in args}
             from compat.knowledge.params import RetrievalIntent  # see context()
 
-            intent = validated(RetrievalIntent, {"schemaVersion": "llmwiki.retrieval.v1", "fallback": "none",
-                                                 "searchMode": args.get("mode") or "lexical", "search": search})
+            intent = validated(
+                RetrievalIntent,
+                {
+                    "schemaVersion": "llmwiki.retrieval.v1",
+                    "fallback": "none",
+                    "searchMode": args.get("mode") or "lexical",
+                    "search": search,
+                },
+            )
         routed = (await self._routed(source, intent)).routed
         if intent is None:
             routed = RoutedRetrieval(limit=args.get("limit") or 8)
         results = await self.service.bounded(source.search(args["query"], routed))
         sid = source.descriptor.id
-        return {"llmwiki_search": {"source": sid, "query": args["query"],
-                                   "results": citations_from(sid, {"evidence": results})}}  # fmt: skip
+        return {
+            "llmwiki_search": {
+                "source": sid,
+                "query": args["query"],
+                "results": citations_from(sid, {"evidence": results}),
+            }
+        }
 
     async def read(self, args: dict[str, Any]) -> dict[str, Any]:
         page_id, source_id = str(args["pageId"]), args.get("sourceId")
         prefix, sep, rest = page_id.partition(":")
         if sep and prefix in self.service.descriptors:
             if source_id and source_id != prefix:
-                raise InvalidParams(f"llmwiki_read pageId source prefix {prefix} does not match sourceId: "
-                                    f"{source_id}.", field="pageId")  # fmt: skip
+                raise InvalidParams(
+                    f"llmwiki_read pageId source prefix {prefix} does not match sourceId: {source_id}.", field="pageId"
+                )
             source_id, page_id = prefix, rest
         source = self._pick(source_id, "llmwiki_read")
         options = {"query": args.get("query"), "sections": args.get("sections"), "max_chars": args.get("maxChars")}
@@ -189,10 +217,16 @@ class KnowledgeTools:
         targets = [args["sourceId"]] if args.get("sourceId") else [d.id for d in self.service.enabled()]
         out = []
         for sid in targets:  # sources in configuration order, so the answer is deterministic
-            own = [s.split(":", 1)[1] if s.split(":", 1)[0] == sid else s for s in seeds
-                   if ":" not in s or s.split(":", 1)[0] in (sid, "page", "tag", "source", "heading", "placeholder")]
-            raw = await self.service.bounded(self.service.source(sid).neighbors(
-                own, min(int(args.get("depth") or 1), 4), args.get("direction") or "both", args.get("limit") or 50))
+            own = [
+                s.split(":", 1)[1] if s.split(":", 1)[0] == sid else s
+                for s in seeds
+                if ":" not in s or s.split(":", 1)[0] in (sid, "page", "tag", "source", "heading", "placeholder")
+            ]
+            raw = await self.service.bounded(
+                self.service.source(sid).neighbors(
+                    own, min(int(args.get("depth") or 1), 4), args.get("direction") or "both", args.get("limit") or 50
+                )
+            )
             nodes, edges = graph_from(sid, {"graph": raw})
             out.append({"source": sid, "graph": {"nodes": nodes, "edges": edges}})
         return {"llmwiki_graph_neighbors": {"sources": out}}

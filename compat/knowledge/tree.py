@@ -81,10 +81,22 @@ class Tree(msgspec.Struct):
             index = self.index_page(sub)
             count = sum(1 for p in self.pages if p.startswith(sub + "/"))
             info = self.pages.get(index or "", {})
-            out.append({"path": "/" + sub, "kind": "folder", "title": info.get("title") or posixpath.basename(sub),
-                        "summary": info.get("summary") or f"{count} page(s)"})  # fmt: skip
+            out.append(
+                {
+                    "path": "/" + sub,
+                    "kind": "folder",
+                    "title": info.get("title") or posixpath.basename(sub),
+                    "summary": info.get("summary") or f"{count} page(s)",
+                }
+            )
         for page in pages:
             info = self.pages[page]
-            out.append({"path": "/" + page, "kind": "page", "title": info.get("title") or posixpath.basename(page),
-                        "summary": info.get("summary") or ""})  # fmt: skip
+            out.append(
+                {
+                    "path": "/" + page,
+                    "kind": "page",
+                    "title": info.get("title") or posixpath.basename(page),
+                    "summary": info.get("summary") or "",
+                }
+            )
         return out

@@ -20,8 +20,11 @@ from compat.knowledge.tree import normalize
 
 
 def _children_xml(children: list[dict[str, Any]]) -> str:
-    items = "".join(f"<wiki><path>{escape(c['path'])}</path><title>{escape(str(c.get('title') or ''))}</title>"
-                    f"<summary>{escape(str(c.get('summary') or ''))}</summary></wiki>\n" for c in children)  # fmt: skip
+    items = "".join(
+        f"<wiki><path>{escape(c['path'])}</path><title>{escape(str(c.get('title') or ''))}</title>"
+        f"<summary>{escape(str(c.get('summary') or ''))}</summary></wiki>\n"
+        for c in children
+    )
     return f"<available_wikis>\n{items}</available_wikis>"
 
 
@@ -41,18 +44,31 @@ async def wiki_node(service: Any, path: str) -> dict[str, Any]:
     source_id, _, rest = full.strip("/").partition("/")
     if not source_id:
         listing = (await service.list_sources(probe=False))["sources"]
-        node = {"path": "/", "kind": "root", "title": "Knowledge sources", "content": "",
-                "summary": "Every knowledge source this bridge can read.", "children": [
-                    {"path": f"/{s['id']}", "title": s["label"], "summary": f"{s['protocol']} knowledge source"}
-                    for s in listing if s["enabled"]]}  # fmt: skip
+        node = {
+            "path": "/",
+            "kind": "root",
+            "title": "Knowledge sources",
+            "content": "",
+            "summary": "Every knowledge source this bridge can read.",
+            "children": [
+                {"path": f"/{s['id']}", "title": s["label"], "summary": f"{s['protocol']} knowledge source"}
+                for s in listing
+                if s["enabled"]
+            ],
+        }
     else:
         try:
             node = await service.read(source_id, "/" + rest)
         except KnowledgeNotFound as exc:
             parent = exc.data.get("nearestParent")
             hint = f" Nearest parent: /{source_id}{parent if parent != '/' else ''}." if parent else ""
-            return {"get_wiki_content": {"found": False, "path": full, **exc.data},
-                    "_markdown": f"Wiki not found: {full}.{hint}"}  # fmt: skip
-        node = {**node, "path": f"/{source_id}{node['path'] if node['path'] != '/' else ''}",
-                "children": [{**c, "path": f"/{source_id}{c['path']}"} for c in node["children"]]}
+            return {
+                "get_wiki_content": {"found": False, "path": full, **exc.data},
+                "_markdown": f"Wiki not found: {full}.{hint}",
+            }
+        node = {
+            **node,
+            "path": f"/{source_id}{node['path'] if node['path'] != '/' else ''}",
+            "children": [{**c, "path": f"/{source_id}{c['path']}"} for c in node["children"]],
+        }
     return {"get_wiki_content": node, "_markdown": render(node)}

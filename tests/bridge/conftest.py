@@ -3,21 +3,17 @@ real uvicorn on an ephemeral 127.0.0.1 port."""
 
 from __future__ import annotations
 
-import socket
 import warnings
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
 
 from bridge.config import BridgeConfig
-from compat.settings import convert
-from tests.helpers import real_server  # noqa: F401  (re-exported for the bridge tests)
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc.errors import InvalidParams
-from bridge.server import BridgeServer, uvicorn_config
+from compat.settings import convert
+from tests.helpers import real_server  # noqa: F401  (re-exported for the bridge tests)
 
 with warnings.catch_warnings():  # Starlette 1.x asks for httpx2 in its test client; httpx works
     warnings.simplefilter("ignore")
@@ -118,5 +114,3 @@ def request(method: str, params: Any = None, id_: Any = 1) -> dict[str, Any]:
     if id_ is not None:
         message["id"] = id_
     return message
-
-

@@ -7,8 +7,15 @@ import json
 
 import pytest
 
-from bridge.auth import (Authenticator, ExposureError, OriginPolicy, check_exposure, credential_from_header,
-                         is_loopback, rejection)  # fmt: skip
+from bridge.auth import (
+    Authenticator,
+    ExposureError,
+    OriginPolicy,
+    check_exposure,
+    credential_from_header,
+    is_loopback,
+    rejection,
+)
 from bridge.config import ConfigError, NamedToken
 from bridge.rpc.errors import OriginNotAllowed, Unauthorized
 from bridge.rpc.redact import redact
@@ -21,8 +28,16 @@ DEFAULT = OriginPolicy(["https://xworkmate.svc.plus", "http://localhost:*", "htt
 
 @pytest.mark.parametrize(
     ("header", "credential"),
-    [("Bearer abc", "abc"), ("bearer abc", "abc"), ("BEARER   abc  ", "abc"), ("abc", "abc"),
-     ("  abc ", "abc"), ("Bearer ", None), ("", None), (None, None)],  # fmt: skip
+    [
+        ("Bearer abc", "abc"),
+        ("bearer abc", "abc"),
+        ("BEARER   abc  ", "abc"),
+        ("abc", "abc"),
+        ("  abc ", "abc"),
+        ("Bearer ", None),
+        ("", None),
+        (None, None),
+    ],
 )
 def test_the_credential_is_the_raw_header_or_the_bearer_token(header, credential):
     assert credential_from_header(header) == credential
@@ -33,9 +48,7 @@ def test_a_matching_token_yields_its_name_as_the_principal(header):
     assert Authenticator(TOKENS, anonymous=False).authenticate(header) == "review"
 
 
-@pytest.mark.parametrize(
-    "header", [None, "", "Bearer", "Bearer wrong", "Basic s3cret-app", "s3cret-app-x", "s3cret"]
-)
+@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer wrong", "Basic s3cret-app", "s3cret-app-x", "s3cret"])
 def test_a_missing_or_wrong_token_is_unauthorized(header):
     with pytest.raises(Unauthorized) as info:
         Authenticator(TOKENS, anonymous=False).authenticate(header)
@@ -64,8 +77,14 @@ def test_with_no_token_and_no_anonymous_access_every_request_is_refused():
 
 @pytest.mark.parametrize(
     ("host", "anonymous"),
-    [("127.0.0.1", True), ("::1", True), ("localhost", True),
-     ("0.0.0.0", False), ("192.168.1.5", False), ("example.com", False)],  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("192.168.1.5", False),
+        ("example.com", False),
+    ],
 )
 def test_from_config_allows_anonymous_access_only_on_loopback(host, anonymous):
     auth = Authenticator.from_config(make_config(host=host))
@@ -106,8 +125,7 @@ def test_a_websocket_without_a_valid_token_is_unauthorized(offered):
 
 @pytest.mark.parametrize(
     "origin",
-    [None, "", "https://xworkmate.svc.plus", "http://localhost:5173", "http://localhost:1",
-     "http://127.0.0.1:8787"],  # fmt: skip
+    [None, "", "https://xworkmate.svc.plus", "http://localhost:5173", "http://localhost:1", "http://127.0.0.1:8787"],
 )
 def test_allowed_origins(origin):
     assert DEFAULT.allows(origin)
@@ -115,9 +133,19 @@ def test_allowed_origins(origin):
 
 @pytest.mark.parametrize(
     "origin",
-    ["null", "https://evil.example", "http://localhost.evil.example", "http://localhost", "http://localhost:",
-     "http://localhost:80.evil.example", "https://localhost:5173", "https://xworkmate.svc.plus.evil.example",
-     "https://xworkmate.svc.plus/", "HTTPS://XWORKMATE.SVC.PLUS", "http://127.0.0.1.evil:80"],  # fmt: skip
+    [
+        "null",
+        "https://evil.example",
+        "http://localhost.evil.example",
+        "http://localhost",
+        "http://localhost:",
+        "http://localhost:80.evil.example",
+        "https://localhost:5173",
+        "https://xworkmate.svc.plus.evil.example",
+        "https://xworkmate.svc.plus/",
+        "HTTPS://XWORKMATE.SVC.PLUS",
+        "http://127.0.0.1.evil:80",
+    ],
 )
 def test_rejected_origins(origin):
     assert not DEFAULT.allows(origin)
@@ -148,8 +176,11 @@ def test_exposure_check_refuses_a_public_bind_without_a_token():
 
 @pytest.mark.parametrize(
     "values",
-    [{"host": "127.0.0.1"}, {"host": "0.0.0.0", "auth_tokens": ["t0ken"]},
-     {"host": "0.0.0.0", "allow_insecure_no_auth": True}],  # fmt: skip
+    [
+        {"host": "127.0.0.1"},
+        {"host": "0.0.0.0", "auth_tokens": ["t0ken"]},
+        {"host": "0.0.0.0", "allow_insecure_no_auth": True},
+    ],
 )
 def test_exposure_check_passes_when_safe(values):
     check_exposure(make_config(**values))

@@ -19,8 +19,9 @@ from bridge.rpc.stream import EnvelopeStream
 from .conftest import WAIT, request
 
 
-async def serve(dispatcher: Dispatcher, data: bytes | str, stream: EnvelopeStream | None = None,
-                sink: list[bytes] | None = None) -> list[Any]:  # fmt: skip
+async def serve(
+    dispatcher: Dispatcher, data: bytes | str, stream: EnvelopeStream | None = None, sink: list[bytes] | None = None
+) -> list[Any]:
     """Run one frame to completion; returns the decoded envelopes (stdlib json keeps big ints)."""
     sink = [] if sink is None else sink
     stream = stream or EnvelopeStream(sink.append)
@@ -180,8 +181,15 @@ async def test_invalid_json_is_answered_with_parse_error_and_id_null(dispatcher)
 async def test_a_reply_carries_the_hybrid_envelope_fields(dispatcher):
     (ok,) = await serve(dispatcher, dumps(request("test.echo", {"a": 1}, "x")))
     (err,) = await serve(dispatcher, dumps(request("nope", None, "y")))
-    assert ok == {"jsonrpc": "2.0", "id": "x", "result": {"a": 1}, "ok": True, "type": "res",
-                  "payload": {"a": 1}, "seq": 0}  # fmt: skip
+    assert ok == {
+        "jsonrpc": "2.0",
+        "id": "x",
+        "result": {"a": 1},
+        "ok": True,
+        "type": "res",
+        "payload": {"a": 1},
+        "seq": 0,
+    }
     assert err["ok"] is False and err["type"] == "res" and err["payload"] is None
 
 
@@ -218,8 +226,13 @@ _json = st.recursive(
     max_leaves=12,
 )
 _messages = st.fixed_dictionaries(
-    {}, optional={"jsonrpc": st.sampled_from(["2.0", "1.0"]) | _json, "id": _json,
-                  "method": st.text(max_size=8) | _json, "params": _json},  # fmt: skip
+    {},
+    optional={
+        "jsonrpc": st.sampled_from(["2.0", "1.0"]) | _json,
+        "id": _json,
+        "method": st.text(max_size=8) | _json,
+        "params": _json,
+    },
 )
 
 

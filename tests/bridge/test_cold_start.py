@@ -19,7 +19,7 @@ from bridge.heap import freeze_heap, pause_gc_for_start
 pause_gc_for_start()
 from bridge.cli import build_app
 from bridge.config import load_config
-build_app(load_config({str(tmp_path / 'cfg.yaml')!r}))
+build_app(load_config({str(tmp_path / "cfg.yaml")!r}))
 early = sorted(m for m in ("pydantic", "psutil", "sse_starlette") if m in sys.modules)
 assert early == [], early
 assert not gc.isenabled()
@@ -153,9 +153,9 @@ async def serve_stdio(dispatcher, limits):
     seen.append(("acp-stdio", sys.getswitchinterval()))
 bridge.stdio.serve_stdio = serve_stdio
 default = sys.getswitchinterval()
-assert cli.main(["serve", "--config", {str(tmp_path / 'cfg.yaml')!r}]) == 0
+assert cli.main(["serve", "--config", {str(tmp_path / "cfg.yaml")!r}]) == 0
 sys.setswitchinterval(default)
-assert cli.main(["acp-stdio", "--config", {str(tmp_path / 'cfg.yaml')!r}]) == 0
+assert cli.main(["acp-stdio", "--config", {str(tmp_path / "cfg.yaml")!r}]) == 0
 assert default == 0.005 and seen == [("serve", cli.GIL_SWITCH_INTERVAL), ("acp-stdio", cli.GIL_SWITCH_INTERVAL)], seen
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)

@@ -62,13 +62,16 @@ def test_variables_expand_and_a_missing_one_is_an_error_naming_the_key(tmp_path,
         load_config(write(tmp_path, "providers:\n  mine: {command: agent, env: {API_KEY: '${NOPE}'}}\n"))
 
 
-@pytest.mark.parametrize("text,key", [
-    ("prot: 1\n", "prot"),
-    ("port: many\n", "port"),
-    ("providers:\n  x: {command: a, permissionPolicy: maybe}\n", "providers.x.permissionPolicy"),
-    ("timeouts: {turnTimeout: -1}\n", "timeouts.turnTimeout"),
-    ("limits: {maxOutputBytes: big}\n", "limits.maxOutputBytes"),
-])
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("prot: 1\n", "prot"),
+        ("port: many\n", "port"),
+        ("providers:\n  x: {command: a, permissionPolicy: maybe}\n", "providers.x.permissionPolicy"),
+        ("timeouts: {turnTimeout: -1}\n", "timeouts.turnTimeout"),
+        ("limits: {maxOutputBytes: big}\n", "limits.maxOutputBytes"),
+    ],
+)
 def test_invalid_values_name_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))
@@ -91,7 +94,11 @@ def test_presets_merge_with_configured_entries(tmp_path):
 
 def test_a_null_in_a_preset_entry_turns_the_preset_value_off(tmp_path):
     entries, _ = provider_configs(load_config(write(tmp_path, "providers:\n  gemini: {modelFlag: null}\n")))
-    assert (entries["gemini"].command, entries["gemini"].args, entries["gemini"].model_flag) == ("gemini", ["--acp"], None)
+    assert (entries["gemini"].command, entries["gemini"].args, entries["gemini"].model_flag) == (
+        "gemini",
+        ["--acp"],
+        None,
+    )
     with pytest.raises(ConfigError, match=r"providers\.codex\.command: required \(it is given as null\)"):
         provider_configs(load_config(write(tmp_path, "providers:\n  codex: {command: null}\n")))
 
@@ -101,25 +108,46 @@ def test_a_custom_acp_provider_needs_a_command(tmp_path):
         provider_configs(load_config(write(tmp_path, "providers:\n  mine: {label: Mine}\n")))
 
 
-@pytest.mark.parametrize("text,message", [
-    # a dict entry is named by its key, not by msgspec's `[...]`
-    ("providers:\n  mine: {command: a, env: {API_KEY: 5}}\n", "providers.mine.env.API_KEY: Expected `str`, got `int`"),
-    ("providers:\n  mine: {command: a, foo: 1}\n", "providers.mine.foo: unknown key"),
-    ("providers:\n  ok: {command: a}\n  bad: {command: b, env: {K: 1}}\ntimeouts: {turnTimeout: -1}\n",
-     "providers.bad.env.K: Expected `str`, got `int`"),  # a later problem does not blame the first entry
-    ("knowledgeSources: [{id: a, protocol: local-wiki}]\n", "knowledgeSources.0.root: a local-wiki source needs root"),
-    ("knowledge: {fanOut: 99}\n", "knowledge.fanOut: Expected `int` <= 32"),
-    ("authTokens: ['']\n", "authTokens: a token must not be empty"),
-    ("providers: [codex]\n", "providers: must be a mapping of provider ids to entries"),
-    ("limits: {maxRunningTurns: 4, max_running_turns: 5}\n", "limits.maxRunningTurns: given twice, also as max_running_turns"),
-    ("providers:\n  mine: {comand: a}\n", "providers.mine.comand: unknown key (did you mean command?)"),
-    ("profiles:\n  p: {script: a.py, timeoutSecs: 3}\n", "profiles.p.timeoutSecs: unknown key (did you mean timeout_secs?)"),
-    ("providers:\n  x: {command: a, permissionPolicy: maybe}\n",
-     "providers.x.permissionPolicy: Invalid enum value 'maybe', expected one of 'allow', 'deny', 'ask'"),
-    ("authTokens: ['${XWM_TEST_UNSET_A}', '${XWM_TEST_UNSET_B}']\n",
-     "authTokens.0: environment variable ${XWM_TEST_UNSET_A} is not set\n{file}: authTokens.1: environment variable "
-     "${XWM_TEST_UNSET_B} is not set"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        # a dict entry is named by its key, not by msgspec's `[...]`
+        (
+            "providers:\n  mine: {command: a, env: {API_KEY: 5}}\n",
+            "providers.mine.env.API_KEY: Expected `str`, got `int`",
+        ),
+        ("providers:\n  mine: {command: a, foo: 1}\n", "providers.mine.foo: unknown key"),
+        (
+            "providers:\n  ok: {command: a}\n  bad: {command: b, env: {K: 1}}\ntimeouts: {turnTimeout: -1}\n",
+            "providers.bad.env.K: Expected `str`, got `int`",
+        ),  # a later problem does not blame the first entry
+        (
+            "knowledgeSources: [{id: a, protocol: local-wiki}]\n",
+            "knowledgeSources.0.root: a local-wiki source needs root",
+        ),
+        ("knowledge: {fanOut: 99}\n", "knowledge.fanOut: Expected `int` <= 32"),
+        ("authTokens: ['']\n", "authTokens: a token must not be empty"),
+        ("providers: [codex]\n", "providers: must be a mapping of provider ids to entries"),
+        (
+            "limits: {maxRunningTurns: 4, max_running_turns: 5}\n",
+            "limits.maxRunningTurns: given twice, also as max_running_turns",
+        ),
+        ("providers:\n  mine: {comand: a}\n", "providers.mine.comand: unknown key (did you mean command?)"),
+        (
+            "profiles:\n  p: {script: a.py, timeoutSecs: 3}\n",
+            "profiles.p.timeoutSecs: unknown key (did you mean timeout_secs?)",
+        ),
+        (
+            "providers:\n  x: {command: a, permissionPolicy: maybe}\n",
+            "providers.x.permissionPolicy: Invalid enum value 'maybe', expected one of 'allow', 'deny', 'ask'",
+        ),
+        (
+            "authTokens: ['${XWM_TEST_UNSET_A}', '${XWM_TEST_UNSET_B}']\n",
+            "authTokens.0: environment variable ${XWM_TEST_UNSET_A} is not set\n{file}: authTokens.1: environment variable "
+            "${XWM_TEST_UNSET_B} is not set",
+        ),
+    ],
+)
 def test_an_error_names_the_exact_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))
@@ -147,12 +175,12 @@ def test_yaml_and_encoding_errors_name_the_file(tmp_path):
 
 
 def test_keys_may_use_their_python_names_and_an_empty_preset_entry_is_the_preset(tmp_path):
-    config = load_config(write(tmp_path, "limits: {max_running_turns: 4}\nallow_insecure_no_auth: true\n"
-                                         "providers:\n  codex:\n"))  # fmt: skip
+    config = load_config(
+        write(tmp_path, "limits: {max_running_turns: 4}\nallow_insecure_no_auth: true\nproviders:\n  codex:\n")
+    )
     assert config.limits.max_running_turns == 4 and config.allow_insecure_no_auth is True
     entries, _ = provider_configs(config)
     assert entries["codex"].command == "codex-acp"
-
 
 
 def test_tokens_from_the_environment_replace_the_file_s_in_either_spelling_and_never_vanish(tmp_path, monkeypatch):
@@ -164,12 +192,15 @@ def test_tokens_from_the_environment_replace_the_file_s_in_either_spelling_and_n
         load_config(path)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("authTokens: [a, {name: token-1, token: b}]\n", "authTokens: two tokens are named 'token-1'"),
-    ("'-': /etc\n", "-: unknown key"),
-    ("profile_dir: /etc\n", "profile_dir: unknown key"),
-    ("a: " + "[" * 600 + "]" * 600 + "\n", "nested too deeply"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("authTokens: [a, {name: token-1, token: b}]\n", "authTokens: two tokens are named 'token-1'"),
+        ("'-': /etc\n", "-: unknown key"),
+        ("profile_dir: /etc\n", "profile_dir: unknown key"),
+        ("a: " + "[" * 600 + "]" * 600 + "\n", "nested too deeply"),
+    ],
+)
 def test_inputs_that_would_weaken_or_break_the_bridge_are_refused(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))

@@ -32,13 +32,17 @@ def test_port_wildcard_accepts_only_real_ports():
 
 def test_a_trailing_slash_is_404_not_a_redirect(dispatcher):
     with TestClient(create_app(make_config(), dispatcher)) as client:
-        response = client.post("/acp/rpc/", json={"jsonrpc": "2.0", "id": 1, "method": "test.echo"},
-                               follow_redirects=False)  # fmt: skip
+        response = client.post(
+            "/acp/rpc/", json={"jsonrpc": "2.0", "id": 1, "method": "test.echo"}, follow_redirects=False
+        )
     assert response.status_code == 404
 
 
 def test_two_origin_headers_are_both_checked(dispatcher):
     with TestClient(create_app(make_config(), dispatcher)) as client:
-        response = client.post("/acp/rpc", content=b'{"jsonrpc":"2.0","id":1,"method":"test.echo"}',
-                               headers=[("origin", "http://localhost:1"), ("origin", "https://evil.example")])
+        response = client.post(
+            "/acp/rpc",
+            content=b'{"jsonrpc":"2.0","id":1,"method":"test.echo"}',
+            headers=[("origin", "http://localhost:1"), ("origin", "https://evil.example")],
+        )
     assert response.status_code == 403

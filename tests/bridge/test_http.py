@@ -79,18 +79,25 @@ async def test_ping_parses_the_image_variable_and_needs_no_token(handlers, monke
     monkeypatch.setenv("IMAGE", f"ghcr.io/x-evor/xworkmate-bridge:{HEX}")
     async with client(handlers) as http:
         body = (await http.get("/api/ping")).json()
-    assert body == {"status": "ok", "image": f"ghcr.io/x-evor/xworkmate-bridge:{HEX}", "tag": HEX, "commit": HEX,
-                    "version": HEX}  # fmt: skip
+    assert body == {
+        "status": "ok",
+        "image": f"ghcr.io/x-evor/xworkmate-bridge:{HEX}",
+        "tag": HEX,
+        "commit": HEX,
+        "version": HEX,
+    }
 
 
 @pytest.mark.parametrize(
     ("image", "tag", "commit"),
-    [("ghcr.io/x/bridge:main-2026-04-12", "main-2026-04-12", ""),
-     (f"ghcr.io/x/bridge:{HEX}@sha256:{'a' * 64}", HEX, HEX),
-     ("ghcr.io/x/bridge@sha256:abc", "", ""),
-     ("localhost:5000/bridge", "", ""),
-     ("localhost:5000/bridge:v1.2", "v1.2", ""),
-     (f"bridge:{HEX.upper()}", HEX.upper(), "")],  # fmt: skip
+    [
+        ("ghcr.io/x/bridge:main-2026-04-12", "main-2026-04-12", ""),
+        (f"ghcr.io/x/bridge:{HEX}@sha256:{'a' * 64}", HEX, HEX),
+        ("ghcr.io/x/bridge@sha256:abc", "", ""),
+        ("localhost:5000/bridge", "", ""),
+        ("localhost:5000/bridge:v1.2", "v1.2", ""),
+        (f"bridge:{HEX.upper()}", HEX.upper(), ""),
+    ],
 )
 def test_image_tags_and_commits_are_parsed_as_the_original_does(image, tag, commit):
     info = image_info(image)
@@ -171,9 +178,7 @@ async def test_check_order_is_origin_then_size_then_token_then_json(handlers):
 async def test_a_missing_or_wrong_token_is_401_with_an_unauthorized_envelope(handlers):
     async with client(handlers) as http:
         missing = await http.post("/acp/rpc", json=request("test.record"))
-        wrong = await http.post(
-            "/acp/rpc", json=request("test.record"), headers={"Authorization": "Bearer nope"}
-        )
+        wrong = await http.post("/acp/rpc", json=request("test.record"), headers={"Authorization": "Bearer nope"})
     for response in (missing, wrong):
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Bearer"
@@ -226,8 +231,15 @@ async def test_a_request_gets_one_json_envelope_and_its_notifications_are_discar
     async with client(handlers) as http:
         response = await http.post("/acp/rpc", json=request("test.stream", {"n": 3}, 7), headers=AUTH)
     assert response.status_code == 200
-    assert envelope(response) == {"jsonrpc": "2.0", "id": 7, "result": {"sent": 3}, "ok": True, "type": "res",
-                                  "payload": {"sent": 3}, "seq": 0}  # fmt: skip
+    assert envelope(response) == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "result": {"sent": 3},
+        "ok": True,
+        "type": "res",
+        "payload": {"sent": 3},
+        "seq": 0,
+    }
 
 
 async def test_a_mixed_batch_is_answered_with_an_array(handlers):
@@ -329,8 +341,12 @@ async def test_sse_streams_notifications_then_the_reply_then_done(handlers):
 
 
 async def test_sse_batch_streams_every_notification_then_the_array_then_done(handlers):
-    batch = [request("test.stream", {"n": 2}, 1), request("test.stream", {"n": 2}, 2), request("test.echo", {}, 3),
-             request("test.record", None, None)]  # fmt: skip
+    batch = [
+        request("test.stream", {"n": 2}, 1),
+        request("test.stream", {"n": 2}, 2),
+        request("test.echo", {}, 3),
+        request("test.record", None, None),
+    ]
     async with client(handlers) as http:
         response = await http.post("/acp/rpc", json=batch, headers=SSE)
     events = sse_events(response.text)

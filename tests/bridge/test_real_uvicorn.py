@@ -34,8 +34,13 @@ def ws_frame(text: str) -> bytes:
     """One masked client text frame (RFC 6455 §5.2); the mask is zero, which is allowed."""
     payload = text.encode()
     n = len(payload)
-    length = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big") if n < 65536 \
-        else bytes([0x80 | 127]) + n.to_bytes(8, "big")  # fmt: skip
+    length = (
+        bytes([0x80 | n])
+        if n < 126
+        else bytes([0x80 | 126]) + n.to_bytes(2, "big")
+        if n < 65536
+        else bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    )
     return b"\x81" + length + b"\x00\x00\x00\x00" + payload
 
 
@@ -160,7 +165,8 @@ async def test_an_sse_client_that_stops_reading_is_dropped(handlers):
         await stuck.send(
             f"POST /acp/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
             f"Accept: text/event-stream\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         with anyio.fail_after(WAIT):
             await handlers.event("stream-cancelled").wait()  # never blocked on the stuck client
@@ -269,9 +275,7 @@ anyio.run(main)
 
 @pytest.mark.parametrize("script", [RUN_SCRIPT, SERVE_SCRIPT], ids=["run", "serve"])
 def test_sigterm_shuts_down_gracefully_and_exits_0(script):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:  # bounded by the module timeout
             if "Application startup complete" in line:

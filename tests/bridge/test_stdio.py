@@ -47,9 +47,7 @@ def framed(message: Any, *, crlf: bool = True, extra: bytes = b"") -> bytes:
     return b"Content-Length: " + str(len(body)).encode() + sep + extra + sep + body
 
 
-async def run(
-    handlers: Handlers, *chunks: bytes, limit: int = 4096, stdout: Collector | None = None
-) -> Collector:
+async def run(handlers: Handlers, *chunks: bytes, limit: int = 4096, stdout: Collector | None = None) -> Collector:
     """Feed ``chunks`` then EOF; return once ``serve_stdio`` returned."""
     stdout = stdout or Collector()
     tx, rx = anyio.create_memory_object_stream[bytes](len(chunks) + 1)
@@ -120,8 +118,9 @@ async def test_an_oversized_line_is_answered_and_skipped(handlers):
 
 
 async def test_an_oversized_content_length_body_is_answered_and_skipped(handlers):
-    out = await run(handlers, framed(request("test.echo", {"p": "x" * 5000}, 1)), line(request("test.echo", None, 2)),
-                    limit=1024)  # fmt: skip
+    out = await run(
+        handlers, framed(request("test.echo", {"p": "x" * 5000}, 1)), line(request("test.echo", None, 2)), limit=1024
+    )
     first, second = out.envelopes()
     assert first["error"]["code"] == -32600 and second["id"] == 2
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
@@ -110,9 +111,7 @@ def test_the_principal_is_the_token_name(http):
 # ---- admission -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Origin": "http://localhost:5173"}]
-)
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Origin": "http://localhost:5173"}])
 def test_a_missing_or_wrong_token_refuses_the_upgrade_with_401_json(http, headers):
     with pytest.raises(WebSocketDenialResponse) as info:
         http.websocket_connect("/acp", headers=headers).__enter__()
@@ -168,7 +167,7 @@ class FakeSocket:
 
     def __init__(
         self, *, stall: bool = False, fail_with: BaseException | None = None, hold: anyio.Event | None = None
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.inbound_tx, self._inbound = anyio.create_memory_object_stream[dict](100)
         self.sent: list[dict] = []
         self.wrote = anyio.Event()
@@ -260,8 +259,15 @@ async def test_updates_go_out_in_order_while_a_send_waits_for_the_socket(handler
     assert [m.get("params", {}).get("i") for m in sent[:5]] == list(range(5)) and sent[5]["id"] == 1
 
 
-@pytest.mark.parametrize("error", [WebSocketDisconnected("gone"), WebSocketDisconnect(1006), OSError("reset"),
-                                   RuntimeError("Unexpected ASGI message 'websocket.send', after sending 'websocket.close'.")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        WebSocketDisconnected("gone"),
+        WebSocketDisconnect(1006),
+        OSError("reset"),
+        RuntimeError("Unexpected ASGI message 'websocket.send', after sending 'websocket.close'."),
+    ],
+)
 async def test_a_send_after_the_peer_left_stops_quietly(handlers, error):
     sock = FakeSocket(fail_with=error)
     sock.frame(request("test.slow", {"gate": "g2"}, 1))
@@ -329,23 +335,29 @@ async def test_seq_stays_in_wire_order_when_a_direct_reply_meets_a_slow_socket(h
 
     from bridge.dispatch import Dispatcher
 
-    connection = Connection(FakeSocket(), Dispatcher({}, {"acp.capabilities": capabilities}), "local",
-                            queue_size=100, receive=frames.get, send=send)  # fmt: skip
+    connection = Connection(
+        FakeSocket(),
+        Dispatcher({}, {"acp.capabilities": capabilities}),
+        "local",
+        queue_size=100,
+        receive=frames.get,
+        send=send,
+    )
     frame = lambda i: {"type": "websocket.receive", "text": json.dumps(request("acp.capabilities", None, i))}  # noqa: E731
     async with anyio.create_task_group() as tg:
         tg.start_soon(connection.run)
         frames.put_nowait(frame(1))
         with anyio.fail_after(WAIT):
             while not contexts:  # the reader took frame 1 and is stuck sending its reply
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
         contexts[0].notify("session.update", {"n": 1})  # a turn's update: the writer wants to send
         for _ in range(5):
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
         frames.put_nowait(frame(2))  # the client's next request is already buffered ...
         writable.set()  # ... when the socket drains,
         asyncio.get_running_loop().call_soon(contexts[0].notify, "session.update", {"n": 2})  # and output arrives
         with anyio.fail_after(WAIT):
             while len(wire) < 4:
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
         frames.put_nowait({"type": "websocket.disconnect", "code": 1000})
     assert [m["seq"] for m in wire] == [0, 1, 2, 3]

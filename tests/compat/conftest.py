@@ -19,8 +19,13 @@ from compat.base import TextDelta, TurnEvent, TurnRequest
 from compat.settings import Limits, ProviderConfig, Timeouts
 
 FAKE_AGENT = Path(__file__).resolve().parents[1] / "fakes" / "fake_acp_agent.py"
-TEST_TIMEOUTS = {"initialize_timeout": 5.0, "session_new_timeout": 5.0, "turn_timeout": 20.0,
-                 "cancel_grace": 1.0, "idle_timeout": 60.0}  # fmt: skip
+TEST_TIMEOUTS = {
+    "initialize_timeout": 5.0,
+    "session_new_timeout": 5.0,
+    "turn_timeout": 20.0,
+    "cancel_grace": 1.0,
+    "idle_timeout": 60.0,
+}
 
 
 class RecordingSink:
@@ -61,8 +66,9 @@ class RecordingSink:
 
 
 def turn_request(prompt: str = "hello", cwd: Path | str = "/tmp", **fields: Any) -> TurnRequest:
-    return TurnRequest(session_id="s1", thread_id="t1", turn_id=uuid.uuid4().hex, prompt=prompt,
-                       working_directory=str(cwd), **fields)  # fmt: skip
+    return TurnRequest(
+        session_id="s1", thread_id="t1", turn_id=uuid.uuid4().hex, prompt=prompt, working_directory=str(cwd), **fields
+    )
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -117,12 +123,15 @@ class AgentFactory:
         fields.setdefault("args", args)
         return ProviderConfig(label="Fake", **fields)
 
-    def __call__(self, *modes: str, limits: dict[str, Any] | None = None,
-                 timeouts: dict[str, Any] | None = None, **fields: Any) -> AcpAdapter:  # fmt: skip
+    def __call__(
+        self, *modes: str, limits: dict[str, Any] | None = None, timeouts: dict[str, Any] | None = None, **fields: Any
+    ) -> AcpAdapter:
         adapter = AcpAdapter(
-            "fake", self.config(*modes, **fields), Limits(**(limits or {})),
+            "fake",
+            self.config(*modes, **fields),
+            Limits(**(limits or {})),
             Timeouts(**{**TEST_TIMEOUTS, **(timeouts or {})}),
-        )  # fmt: skip
+        )
         self.adapters.append(adapter)
         return adapter
 

@@ -49,7 +49,10 @@ async def test_echo_turn_maps_text_thought_tool_calls_plan_usage_and_status(make
     assert [e.text for e in sink.of(ThoughtDelta)] == ["thinking about it"]
     calls = sink.of(ToolCallEvent)
     assert [(c.is_update, c.tool_call["status"]) for c in calls] == [
-        (False, "pending"), (True, "in_progress"), (True, "completed")]  # fmt: skip
+        (False, "pending"),
+        (True, "in_progress"),
+        (True, "completed"),
+    ]
     merged = calls[1].tool_call  # the update carried only status; the rest is remembered
     assert merged["title"] == "Read file" and merged["kind"] == "read"
     assert merged["locations"] == [{"path": "/tmp/a.txt"}] and "rawInput" not in merged
@@ -66,7 +69,11 @@ async def test_echo_turn_maps_text_thought_tool_calls_plan_usage_and_status(make
 
 def test_unmapped_update_kinds_are_listed_for_the_docs() -> None:
     assert set(UNMAPPED_UPDATE_KINDS) == {
-        "available_commands_update", "current_mode_update", "config_option_update", "session_info_update"}  # fmt: skip
+        "available_commands_update",
+        "current_mode_update",
+        "config_option_update",
+        "session_info_update",
+    }
 
 
 def test_prompt_usage_falls_back_to_gemini_quota_token_count() -> None:
@@ -109,16 +116,19 @@ async def test_attachments_are_sent_as_resource_links(make_agent: AgentFactory, 
 
     assert outcome.status == "completed"
     prompt = await wait_log(make_agent.log, lambda e: e.get("event") == "prompt")
-    assert prompt["links"] == [{"type": "resource_link", "uri": doc.as_uri(), "name": "notes.md",
-                                "description": "the notes"}]  # fmt: skip
+    assert prompt["links"] == [
+        {"type": "resource_link", "uri": doc.as_uri(), "name": "notes.md", "description": "the notes"}
+    ]
 
 
 async def test_initialize_advertises_no_fs_or_terminal(make_agent: AgentFactory) -> None:
     await run(make_agent())
     [init] = received(make_agent.log, "initialize")
     assert init["params"]["protocolVersion"] == 1
-    assert init["params"]["clientCapabilities"] == {"fs": {"readTextFile": False, "writeTextFile": False},
-                                                    "terminal": False}  # fmt: skip
+    assert init["params"]["clientCapabilities"] == {
+        "fs": {"readTextFile": False, "writeTextFile": False},
+        "terminal": False,
+    }
     assert init["params"]["clientInfo"]["name"] == "xworkmate-bridge"
 
 
@@ -534,8 +544,9 @@ async def test_child_environment_is_an_allow_list(make_agent: AgentFactory, monk
     monkeypatch.setenv("UNRELATED_SECRET", "x")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-passthrough0123456789")
     monkeypatch.setenv("LC_TESTING", "1")
-    adapter = make_agent(env={"FAKE_PROVIDER_KEY": "provider-value"},
-                         env_passthrough=["OPENAI_API_KEY", "BRIDGE_AUTH_TOKEN"])  # fmt: skip
+    adapter = make_agent(
+        env={"FAKE_PROVIDER_KEY": "provider-value"}, env_passthrough=["OPENAI_API_KEY", "BRIDGE_AUTH_TOKEN"]
+    )
     await run(adapter)
     env = set((await wait_log(make_agent.log, lambda e: e.get("event") == "start"))["env"])
     assert {"PATH", "HOME", "LC_TESTING", "OPENAI_API_KEY", "FAKE_PROVIDER_KEY"} <= env
@@ -564,14 +575,21 @@ async def test_probes_report_ok_not_found_and_errors(make_agent: AgentFactory) -
 
 def test_presets_name_the_agents_and_fill_missing_fields() -> None:
     assert {k: (p.command, p.args, p.label) for k, p in PRESETS.items()} == {
-        "codex": ("codex-acp", [], "Codex"), "opencode": ("opencode", ["acp"], "OpenCode"),
-        "gemini": ("gemini", ["--acp"], "Gemini"), "hermes": ("hermes", ["acp"], "Hermes"),
+        "codex": ("codex-acp", [], "Codex"),
+        "opencode": ("opencode", ["acp"], "OpenCode"),
+        "gemini": ("gemini", ["--acp"], "Gemini"),
+        "hermes": ("hermes", ["acp"], "Hermes"),
         "claude": ("claude-agent-acp", [], "Claude"),
-    }  # fmt: skip
+    }
     assert PRESETS["gemini"].model_flag == "-m"
     filled = with_preset("gemini", {"model": "gemini-2.5-flash", "modelFlag": None})
-    assert filled == {"model": "gemini-2.5-flash", "modelFlag": None, "command": "gemini", "args": ["--acp"],
-                      "label": "Gemini"}  # a null stays null: the preset's -m is off  # fmt: skip
+    assert filled == {
+        "model": "gemini-2.5-flash",
+        "modelFlag": None,
+        "command": "gemini",
+        "args": ["--acp"],
+        "label": "Gemini",
+    }  # a null stays null: the preset's -m is off
     assert with_preset("mine", {"command": "x"}) == {"command": "x"}
 
 

@@ -92,8 +92,9 @@ def test_many_children_leave_no_descriptor_and_no_process_behind(
     script = "import sys; line = sys.stdin.readline(); sys.stdout.write('echo:' + line); sys.stderr.write('err\\n')"
 
     async def one() -> tuple[bytes, int]:
-        process = await spawn([sys.executable, "-c", script], cwd=None, env=child_env(),
-                               max_line_bytes=1024, stderr_tail_bytes=1024)  # fmt: skip
+        process = await spawn(
+            [sys.executable, "-c", script], cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(process.pump_stderr)
             await process.send(b"hello\n")
@@ -143,16 +144,20 @@ def test_a_failed_start_is_a_spawn_error_and_leaks_nothing(loop_name: str) -> No
 def test_exit_status_signal_and_devnull_stdin(loop_name: str) -> None:
     async def main() -> tuple[int, int, bytes]:
         env = child_env()
-        exits = await PidfdProcess.start([sys.executable, "-c", "raise SystemExit(3)"], stdin_pipe=True, cwd=None, env=env)
+        exits = await PidfdProcess.start(
+            [sys.executable, "-c", "raise SystemExit(3)"], stdin_pipe=True, cwd=None, env=env
+        )
         status = await exits.wait()
         await exits.aclose()
-        sleeper = await PidfdProcess.start([sys.executable, "-c", "import time; time.sleep(60)"],
-                                           stdin_pipe=True, cwd=None, env=env)  # fmt: skip
+        sleeper = await PidfdProcess.start(
+            [sys.executable, "-c", "import time; time.sleep(60)"], stdin_pipe=True, cwd=None, env=env
+        )
         sleeper.send_signal(signal.SIGTERM)
         killed = await sleeper.wait()
         await sleeper.aclose()
-        reads = await PidfdProcess.start([sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"],
-                                         stdin_pipe=False, cwd=None, env=env)  # fmt: skip
+        reads = await PidfdProcess.start(
+            [sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"], stdin_pipe=False, cwd=None, env=env
+        )
         assert reads.stdin is None and reads.stdout is not None
         out = await reads.stdout.receive()
         await reads.aclose()
@@ -204,8 +209,9 @@ def test_a_start_interrupted_while_connecting_its_pipes_closes_them_and_kills_th
 
         monkeypatch.setattr(child, "_popen", recording_popen)
         with pytest.raises(asyncio.CancelledError):
-            await PidfdProcess.start([sys.executable, "-c", "import time; time.sleep(60)"],
-                                     stdin_pipe=True, cwd=None, env=child_env())  # fmt: skip
+            await PidfdProcess.start(
+                [sys.executable, "-c", "import time; time.sleep(60)"], stdin_pipe=True, cwd=None, env=child_env()
+            )
         await asyncio.sleep(0)  # let closed transports finish closing
         return pids[0], open_fds() - before  # checked before the loop closes what is left
 
@@ -230,8 +236,9 @@ async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
             with anyio.fail_after(WAIT):
                 while anyio.to_thread.current_default_thread_limiter().borrowed_tokens < busy:
                     await anyio.sleep(0.01)
-                child = await PidfdProcess.start([sys.executable, "-c", "pass"], stdin_pipe=False, cwd=None,
-                                                 env=child_env())  # fmt: skip
+                child = await PidfdProcess.start(
+                    [sys.executable, "-c", "pass"], stdin_pipe=False, cwd=None, env=child_env()
+                )
                 assert await child.wait() == 0
                 await child.aclose()
         finally:
@@ -250,8 +257,9 @@ def test_a_child_leads_its_own_group_and_a_new_session_only_under_a_terminal(
     monkeypatch.setattr(compat._child, "NEW_SESSION", new_session)
 
     async def main() -> tuple[int, int, int]:
-        child = await PidfdProcess.start([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin_pipe=True,
-                                         cwd=None, env=child_env())  # fmt: skip
+        child = await PidfdProcess.start(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin_pipe=True, cwd=None, env=child_env()
+        )
         try:
             return child.pid, os.getpgid(child.pid), os.getsid(child.pid)
         finally:
@@ -271,8 +279,14 @@ def test_new_session_follows_the_controlling_terminal(with_terminal: bool) -> No
         script = f"import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); {script}"
     leader, follower = os.openpty() if with_terminal else (-1, -1)
     try:
-        done = subprocess.run([sys.executable, "-c", script], stdin=follower if with_terminal else subprocess.DEVNULL,
-                              capture_output=True, text=True, start_new_session=True, timeout=30)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            stdin=follower if with_terminal else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            start_new_session=True,
+            timeout=30,
+        )
     finally:
         for fd in (leader, follower):
             if fd >= 0:

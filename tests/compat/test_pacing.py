@@ -5,6 +5,7 @@ runs in the next."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -49,7 +50,7 @@ def test_callers_arriving_together_go_through_one_per_pass_in_order(loop_name: s
     through = run_on(loop_name, main)
     assert [index for index, _ in through] == [0, 1, 2, 3, 4]
     at = [count for _, count in through]
-    assert all(later > earlier for earlier, later in zip(at, at[1:])), at
+    assert all(later > earlier for earlier, later in itertools.pairwise(at)), at
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)

@@ -120,8 +120,9 @@ sys.stdin.readline()
 @pytest.fixture
 async def tree() -> AsyncIterator[tuple[AgentProcess, list[int]]]:
     """A leader with a grandchild in its group and one that escaped it; both hold stdout."""
-    proc = await spawn([sys.executable, "-c", TREE], cwd=None, env=child_env(), max_line_bytes=KIB,
-                       stderr_tail_bytes=KIB)  # fmt: skip
+    proc = await spawn(
+        [sys.executable, "-c", TREE], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB
+    )
     pids: list[int] = []
     try:
         with anyio.fail_after(10):
@@ -210,8 +211,13 @@ async def test_a_trackers_waits_run_out_on_a_timer_not_a_deadline(monkeypatch: p
 
     monkeypatch.setattr(backend.CancelScope, "_timeout", counted_timeout)
     monkeypatch.setattr(AgentProcess, "refresh_descendants", record)
-    proc = await spawn([sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=None, env=child_env(),
-                       max_line_bytes=KIB, stderr_tail_bytes=KIB)  # fmt: skip
+    proc = await spawn(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        cwd=None,
+        env=child_env(),
+        max_line_bytes=KIB,
+        stderr_tail_bytes=KIB,
+    )
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(proc.track_descendants)
@@ -235,8 +241,9 @@ time.sleep(600)
 async def test_terminate_reaches_a_leader_that_left_its_group() -> None:
     """In the bridge's session an agent may join another group (even the bridge's): the group
     signal no longer reaches it, the signal to the leader itself does."""
-    proc = await spawn([sys.executable, "-c", LEAVES_ITS_GROUP], cwd=None, env=child_env(), max_line_bytes=KIB,
-                       stderr_tail_bytes=KIB)  # fmt: skip
+    proc = await spawn(
+        [sys.executable, "-c", LEAVES_ITS_GROUP], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB
+    )
     try:
         with anyio.fail_after(10):
             line = await proc.receive_line()
@@ -281,8 +288,14 @@ async def main():
 
 anyio.run(main)
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "3", done.stderr
 
@@ -300,8 +313,9 @@ async def test_a_stopped_agent_still_gets_a_clean_shutdown() -> None:
     """SIGTERM is followed by SIGCONT: a stopped process acts on SIGTERM only once continued, so
     without it terminate waited the whole grace and then had to SIGKILL."""
     grace = 10.0
-    proc = await spawn([sys.executable, "-c", STOPS_ITSELF], cwd=None, env=child_env(), max_line_bytes=KIB,
-                       stderr_tail_bytes=KIB)  # fmt: skip
+    proc = await spawn(
+        [sys.executable, "-c", STOPS_ITSELF], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB
+    )
     try:
         with anyio.fail_after(10):
             await proc.receive_line()
@@ -332,8 +346,13 @@ async def test_agents_started_together_do_not_scan_their_descendants_together(
 
     monkeypatch.setattr(AgentProcess, "refresh_descendants", record)
     procs = [
-        await spawn([sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=None, env=child_env(),
-                    max_line_bytes=KIB, stderr_tail_bytes=KIB)  # fmt: skip
+        await spawn(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"],
+            cwd=None,
+            env=child_env(),
+            max_line_bytes=KIB,
+            stderr_tail_bytes=KIB,
+        )
         for _ in range(2)
     ]
     try:
@@ -349,7 +368,7 @@ async def test_agents_started_together_do_not_scan_their_descendants_together(
             for proc in procs:
                 await proc.terminate(0.5)
     first, second = (scans[proc.pid][:6] for proc in procs)
-    apart = [abs(a - b) for a, b in zip(first, second)]
+    apart = [abs(a - b) for a, b in zip(first, second, strict=False)]
     assert max(apart) > 0.005, apart  # without jitter both wake at the same deadlines, microseconds apart
 
 
@@ -384,8 +403,9 @@ async def test_the_kept_tail_is_redacted_whole_even_when_the_ring_cut_splits_a_k
     register_secret(key)
     kept = 100  # the ring keeps 100 bytes: its cut falls 6 characters into the key
     script = f"import sys; sys.stderr.write('boot: key {key}\\n' + 'q' * {kept - len(key) + 5})"
-    proc = await spawn([sys.executable, "-c", script], cwd=None, env=child_env(), max_line_bytes=KIB,
-                       stderr_tail_bytes=kept)  # fmt: skip
+    proc = await spawn(
+        [sys.executable, "-c", script], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=kept
+    )
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(proc.pump_stderr)

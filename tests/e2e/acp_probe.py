@@ -30,9 +30,10 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 # Environment every agent gets even when the recipe is run with inherit_env=False.
 _BASE_ENV_KEYS = ("LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -176,9 +177,15 @@ class AcpProbe:
         if self.stderr_path is not None:
             self._stderr_fh = open(self.stderr_path, "ab")
         self.proc = await asyncio.create_subprocess_exec(
-            self.command, *self.args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=self.env, cwd=self.cwd, start_new_session=True, limit=64 * 1024 * 1024,
+            self.command,
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+            limit=64 * 1024 * 1024,
         )
         self.result.pid = self.proc.pid
         self._tasks.append(asyncio.create_task(self._read_stdout()))
@@ -236,7 +243,7 @@ class AcpProbe:
         try:
             await self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
             msg = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ProbeError(method, f"no answer within {timeout:.0f}s") from None
         except EOFError:
             raise ProbeError(method, "agent exited (stdout closed) before answering") from None
@@ -283,8 +290,9 @@ class AcpProbe:
                 outcome = {"outcome": "selected", "optionId": chosen["optionId"]}
             await self._send({"jsonrpc": "2.0", "id": msg["id"], "result": {"outcome": outcome}})
             return
-        await self._send({"jsonrpc": "2.0", "id": msg["id"],
-                          "error": {"code": -32601, "message": f"method not found: {method}"}})
+        await self._send(
+            {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": f"method not found: {method}"}}
+        )
 
     async def close(self, eof_grace: float = 1.5, term_grace: float = 3.0) -> None:
         """Close stdin, then SIGTERM and SIGKILL the whole process group; record whether it is gone."""
@@ -300,7 +308,7 @@ class AcpProbe:
         try:
             await asyncio.wait_for(proc.wait(), eof_grace)
             self.result.exited_on_eof = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.result.exited_on_eof = False
         for sig, grace in ((signal.SIGTERM, term_grace), (signal.SIGKILL, 2.0)):
             if not _pgid_members(pgid) and proc.returncode is not None:
@@ -315,12 +323,12 @@ class AcpProbe:
                     break
                 try:
                     await asyncio.wait_for(proc.wait(), 0.1)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         if proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), 2.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         self.result.returncode = proc.returncode
         self.result.survivors = _pgid_members(pgid)
@@ -329,7 +337,7 @@ class AcpProbe:
             if not t.done():
                 try:
                     await asyncio.wait_for(t, 2.0)
-                except (asyncio.TimeoutError, Exception):
+                except (TimeoutError, Exception):
                     t.cancel()
         self.result.stderr_tail = self.stderr_tail()
         if self._stderr_fh is not None:
@@ -358,8 +366,11 @@ async def run_probe(
     """
     auth_method = auth_method or recipe.get("auth_method")
     probe = AcpProbe(
-        recipe["command"], list(recipe.get("args") or []), build_env(recipe.get("env"), inherit_env),
-        recipe.get("cwd"), stderr_path=stderr_path,
+        recipe["command"],
+        list(recipe.get("args") or []),
+        build_env(recipe.get("env"), inherit_env),
+        recipe.get("cwd"),
+        stderr_path=stderr_path,
     )
     res = probe.result
     t0 = time.monotonic()
@@ -368,7 +379,8 @@ async def run_probe(
         caps = client_capabilities or {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
         t = time.monotonic()
         res.initialize = await probe.request(
-            "initialize", {"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": CLIENT_INFO}, init_timeout)
+            "initialize", {"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": CLIENT_INFO}, init_timeout
+        )
         res.timings["initialize"] = time.monotonic() - t
         if auth_method:
             t = time.monotonic()
@@ -376,13 +388,15 @@ async def run_probe(
             res.timings["authenticate"] = time.monotonic() - t
         t = time.monotonic()
         res.session_new = await probe.request(
-            "session/new", {"cwd": session_cwd, "mcpServers": list(mcp_servers or [])}, session_timeout)
+            "session/new", {"cwd": session_cwd, "mcpServers": list(mcp_servers or [])}, session_timeout
+        )
         res.timings["session_new"] = time.monotonic() - t
         sid = res.session_new.get("sessionId") if isinstance(res.session_new, dict) else None
         if prompt is not None:
             t = time.monotonic()
             res.prompt = await probe.request(
-                "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}, prompt_timeout)
+                "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}, prompt_timeout
+            )
             res.timings["prompt"] = time.monotonic() - t
     except ProbeError as exc:
         res.error = {"step": exc.step, "message": str(exc), "error": exc.error}
@@ -405,8 +419,8 @@ def _main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[2]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from tests.e2e import agents  # noqa: PLC0415
-    from tests.fakes.fake_llm import FakeLLM  # noqa: PLC0415
+    from tests.e2e import agents
+    from tests.fakes.fake_llm import FakeLLM
 
     ap = argparse.ArgumentParser(description="Run one real agent over ACP against the fake model server.")
     ap.add_argument("agent", choices=sorted(agents.AGENTS))
@@ -422,8 +436,15 @@ def _main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix=f"acp-{args.agent}-")
     with FakeLLM(chunks=args.chunk, delay=args.delay) as llm:
         recipe = agents.recipe(args.agent, llm.base_url, tmp)
-        res = asyncio.run(run_probe(recipe, session_cwd=recipe["session_cwd"], prompt=args.prompt,
-                                    prompt_timeout=args.timeout, stderr_path=Path(tmp) / "agent.stderr"))
+        res = asyncio.run(
+            run_probe(
+                recipe,
+                session_cwd=recipe["session_cwd"],
+                prompt=args.prompt,
+                prompt_timeout=args.timeout,
+                stderr_path=Path(tmp) / "agent.stderr",
+            )
+        )
         out = res.describe() | {"fake_llm_requests": llm.summary(), "tmp": tmp}
         if args.requests:
             out["request_bodies"] = [r.as_dict() | {"body": r.body} for r in llm.requests]
@@ -433,7 +454,7 @@ def _main(argv: list[str] | None = None) -> int:
     if res.error:
         print("---- stderr tail ----\n" + res.stderr_tail[-3000:], file=sys.stderr)
     if not args.keep:
-        import shutil  # noqa: PLC0415
+        import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
     return 0 if (res.stop_reason == "end_turn" and not res.error) else 1

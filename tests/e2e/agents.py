@@ -25,8 +25,9 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Directory names inside agents_dir(); keep in step with scripts/install-agents.sh.
 PREFIXES: dict[str, str] = {
@@ -95,8 +96,10 @@ def installed(name: str) -> bool:
     if name not in PREFIXES:
         return False
     p = prefix(name)
-    return (p / ".installed").is_file() and command_path(name).exists() and (
-        name not in ("gemini", "claude") or node_bin_dir() is not None
+    return (
+        (p / ".installed").is_file()
+        and command_path(name).exists()
+        and (name not in ("gemini", "claude") or node_bin_dir() is not None)
     )
 
 
@@ -211,16 +214,18 @@ def gemini_recipe(base_url: str, tmp: str | os.PathLike[str]) -> dict[str, Any]:
     # System-level settings default to /etc/gemini-cli/{settings,system-defaults}.json. Point them at
     # paths in the sandbox that do not exist (a file there would be skipped anyway, with a "Security
     # Warning", because gemini refuses settings under a world-writable parent such as /tmp).
-    env.update({
-        "PATH": _path_env(),
-        "GEMINI_API_KEY": FAKE_KEY,
-        "GOOGLE_GEMINI_BASE_URL": base_url,
-        "GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(root / "etc" / "system-settings.json"),
-        "GEMINI_CLI_SYSTEM_DEFAULTS_PATH": str(root / "etc" / "system-defaults.json"),
-        "GEMINI_TELEMETRY_ENABLED": "false",
-        # one process instead of a parent that re-spawns node with a larger heap
-        "GEMINI_CLI_NO_RELAUNCH": "true",
-    })
+    env.update(
+        {
+            "PATH": _path_env(),
+            "GEMINI_API_KEY": FAKE_KEY,
+            "GOOGLE_GEMINI_BASE_URL": base_url,
+            "GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(root / "etc" / "system-settings.json"),
+            "GEMINI_CLI_SYSTEM_DEFAULTS_PATH": str(root / "etc" / "system-defaults.json"),
+            "GEMINI_TELEMETRY_ENABLED": "false",
+            # one process instead of a parent that re-spawns node with a larger heap
+            "GEMINI_CLI_NO_RELAUNCH": "true",
+        }
+    )
     return _recipe("gemini", ["--acp", "-m", GEMINI_MODEL], env, work, files, model=GEMINI_MODEL)
 
 
@@ -257,12 +262,14 @@ exporter = "none"
 log_user_prompt = false
 """
     files.write(codex_home / "config.toml", config)
-    env.update({
-        "PATH": _path_env(),
-        "CODEX_HOME": str(codex_home),
-        "MOCK_API_KEY": FAKE_KEY,
-        "RUST_LOG": "warn",
-    })
+    env.update(
+        {
+            "PATH": _path_env(),
+            "CODEX_HOME": str(codex_home),
+            "MOCK_API_KEY": FAKE_KEY,
+            "RUST_LOG": "warn",
+        }
+    )
     return _recipe("codex", [], env, work, files, model=CODEX_MODEL)
 
 
@@ -299,24 +306,26 @@ def opencode_recipe(base_url: str, tmp: str | os.PathLike[str]) -> dict[str, Any
     (oc_cfg_dir / "node_modules").mkdir(parents=True, exist_ok=True)
     deps = {"@opencode-ai/plugin": OPENCODE_VERSION}
     files.write(oc_cfg_dir / "package.json", {"dependencies": deps})
-    files.write(oc_cfg_dir / "package-lock.json",
-                {"name": "opencode", "lockfileVersion": 3, "requires": True,
-                 "packages": {"": {"dependencies": deps}}})
-    env.update({
-        "PATH": _path_env(),
-        "OPENCODE_CONFIG": str(cfg),
-        "OPENCODE_DISABLE_AUTOUPDATE": "1",
-        "OPENCODE_DISABLE_MODELS_FETCH": "1",
-        "OPENCODE_DISABLE_SHARE": "1",
-        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
-        "OPENCODE_DISABLE_CLAUDE_CODE": "1",
-        "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
-    })
+    files.write(
+        oc_cfg_dir / "package-lock.json",
+        {"name": "opencode", "lockfileVersion": 3, "requires": True, "packages": {"": {"dependencies": deps}}},
+    )
+    env.update(
+        {
+            "PATH": _path_env(),
+            "OPENCODE_CONFIG": str(cfg),
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+            "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+            "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+        }
+    )
     # --cwd sets the ACP server's default directory; the process cwd (recipe "cwd") is the sandbox
     # too, because opencode also runs git in its process cwd at start-up
-    return _recipe("opencode", ["acp", "--pure", "--cwd", str(work)], env, work, files,
-                   model=f"mock/{OPENCODE_MODEL}")
+    return _recipe("opencode", ["acp", "--pure", "--cwd", str(work)], env, work, files, model=f"mock/{OPENCODE_MODEL}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,16 +350,19 @@ model:
     # Cost estimation / context-length fallbacks read OpenRouter's model catalogue
     # (https://openrouter.ai/api/v1/models), cached for 1 h under HERMES_HOME/cache. A fresh,
     # non-empty cache file stops the fetch.
-    files.write(hermes_home / "cache" / "openrouter_model_metadata.json",
-                {HERMES_MODEL: {"context_length": 128000, "max_completion_tokens": 4096,
-                                "name": HERMES_MODEL, "pricing": {}}})
-    env.update({
-        "PATH": _path_env(prefix("hermes") / "bin"),
-        "HERMES_HOME": str(hermes_home),
-        "HERMES_DISABLE_LAZY_INSTALLS": "1",  # never pip-install optional tool deps at runtime
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    files.write(
+        hermes_home / "cache" / "openrouter_model_metadata.json",
+        {HERMES_MODEL: {"context_length": 128000, "max_completion_tokens": 4096, "name": HERMES_MODEL, "pricing": {}}},
+    )
+    env.update(
+        {
+            "PATH": _path_env(prefix("hermes") / "bin"),
+            "HERMES_HOME": str(hermes_home),
+            "HERMES_DISABLE_LAZY_INSTALLS": "1",  # never pip-install optional tool deps at runtime
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return _recipe("hermes", ["acp"], env, work, files, model=HERMES_MODEL)
 
 
@@ -364,27 +376,29 @@ def claude_recipe(base_url: str, tmp: str | os.PathLike[str]) -> dict[str, Any]:
     config_dir = Path(env["HOME"]) / ".claude"
     plugin_cache = config_dir / "plugins"
     files = _Files()
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     # a fresh plugin blocklist cache stops the (ungated) fetch from raw.githubusercontent.com
     files.write(plugin_cache / "blocklist.json", {"fetchedAt": now, "plugins": []})
     files.write(config_dir / "settings.json", {"env": {}, "permissions": {"defaultMode": "default"}})
-    env.update({
-        "PATH": _path_env(),
-        "CLAUDE_CONFIG_DIR": str(config_dir),
-        "CLAUDE_CODE_PLUGIN_CACHE_DIR": str(plugin_cache),
-        "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": FAKE_KEY,
-        "IS_SANDBOX": "1",  # we run as root in CI; the SDK passes --allow-dangerously-skip-permissions
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_BUG_COMMAND": "1",
-        "DISABLE_INSTALLATION_CHECKS": "1",
-        "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
-        "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",  # else it may git-clone from GitHub
-        "CLAUDE_CODE_IDE_SKIP_AUTO_INSTALL": "1",
-        "CLAUDE_CODE_MAX_RETRIES": "0",
-    })
+    env.update(
+        {
+            "PATH": _path_env(),
+            "CLAUDE_CONFIG_DIR": str(config_dir),
+            "CLAUDE_CODE_PLUGIN_CACHE_DIR": str(plugin_cache),
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_API_KEY": FAKE_KEY,
+            "IS_SANDBOX": "1",  # we run as root in CI; the SDK passes --allow-dangerously-skip-permissions
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_BUG_COMMAND": "1",
+            "DISABLE_INSTALLATION_CHECKS": "1",
+            "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+            "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",  # else it may git-clone from GitHub
+            "CLAUDE_CODE_IDE_SKIP_AUTO_INSTALL": "1",
+            "CLAUDE_CODE_MAX_RETRIES": "0",
+        }
+    )
     return _recipe("claude", [], env, work, files, model=CLAUDE_MODEL)
 
 

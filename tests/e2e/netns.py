@@ -14,11 +14,11 @@ Makefile usage (``$$`` is make's escape for ``$``)::
 
     # with iproute2
     e2e-offline:
-    	unshare -n sh -c 'ip link set lo up && exec "$$@"' sh .venv/bin/pytest tests/e2e -q -m e2e
+        unshare -n sh -c 'ip link set lo up && exec "$$@"' sh .venv/bin/pytest tests/e2e -q -m e2e
 
     # without iproute2 / as a non-root user (picks -n or -rn, brings lo up via ioctl)
     e2e-offline:
-    	.venv/bin/python tests/e2e/netns.py -- .venv/bin/pytest tests/e2e -q -m e2e
+        .venv/bin/python tests/e2e/netns.py -- .venv/bin/pytest tests/e2e -q -m e2e
 
 Check what this machine supports: ``.venv/bin/python tests/e2e/netns.py --check`` (prints JSON, exit 0 if
 a loopback-only namespace works here).
@@ -37,9 +37,9 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 SHELL_SNIPPET = "unshare -n sh -c 'ip link set lo up && exec \"$@\"' sh"
 MAKE_SNIPPET = "unshare -n sh -c 'ip link set lo up && exec \"$$@\"' sh .venv/bin/pytest tests/e2e -q -m e2e"
@@ -131,8 +131,14 @@ class NetnsStatus:
 def status(timeout: float = 20.0) -> NetnsStatus:
     """Spawn a namespace, run the self-test in it, and report."""
     base = _unshare_args()
-    st = NetnsStatus(ok=False, unshare=shutil.which("unshare"), ip=shutil.which("ip"), euid=os.geteuid(),
-                     mode=" ".join(["unshare", *base[1:]]) if base else "", inside=None)
+    st = NetnsStatus(
+        ok=False,
+        unshare=shutil.which("unshare"),
+        ip=shutil.which("ip"),
+        euid=os.geteuid(),
+        mode=" ".join(["unshare", *base[1:]]) if base else "",
+        inside=None,
+    )
     if base is None:
         st.reason = "unshare not found (Debian package util-linux)"
         return st
@@ -163,13 +169,17 @@ def _self_test() -> int:
         lo_up()
     except OSError as exc:
         err = repr(exc)
-    print(json.dumps({
-        "interfaces": interfaces(),
-        "loopback_only": is_loopback_only(),
-        "lo_up_error": err,
-        "loopback_works": loopback_works(),
-        "external_blocked": external_blocked(),
-    }))
+    print(
+        json.dumps(
+            {
+                "interfaces": interfaces(),
+                "loopback_only": is_loopback_only(),
+                "lo_up_error": err,
+                "loopback_works": loopback_works(),
+                "external_blocked": external_blocked(),
+            }
+        )
+    )
     return 0
 
 

@@ -122,7 +122,7 @@ async def test_claude(fake_llm: FakeLLM, tmp_path: Path) -> None:
 
 def test_loopback_only_namespace_helper() -> None:
     """tests/e2e/netns.py builds a loopback-only namespace (as root), or says why it cannot."""
-    from tests.e2e import netns  # noqa: PLC0415
+    from tests.e2e import netns
 
     st = netns.status()
     if os.geteuid() != 0 and not st.ok:

@@ -24,7 +24,8 @@ from compat.settings import convert
 from orchestrator.models import SessionUpdate, TurnResult
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
-from tests.helpers import WsClient as Client, real_server
+from tests.helpers import WsClient as Client
+from tests.helpers import real_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -33,12 +34,22 @@ CHUNKS = ["Hello ", "from ", "mock"]
 
 
 def bridge_config(name: str, recipe: dict[str, Any], tmp_path: Path) -> BridgeConfig:
-    provider = {"type": "acp", "command": recipe["command"], "args": recipe["args"], "env": recipe["env"],
-                "cwd": recipe.get("cwd"), "authMethod": recipe.get("auth_method")}
-    return convert({
-        "workspaceRoots": [str(tmp_path)], "providers": {name: provider},
-        "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
-    }, BridgeConfig)  # fmt: skip
+    provider = {
+        "type": "acp",
+        "command": recipe["command"],
+        "args": recipe["args"],
+        "env": recipe["env"],
+        "cwd": recipe.get("cwd"),
+        "authMethod": recipe.get("auth_method"),
+    }
+    return convert(
+        {
+            "workspaceRoots": [str(tmp_path)],
+            "providers": {name: provider},
+            "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
+        },
+        BridgeConfig,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -66,8 +77,12 @@ def assert_no_agent_left() -> None:
 
 
 def turn_params(name: str, recipe: dict[str, Any], session: str, prompt: str) -> dict[str, Any]:
-    return {"sessionId": session, "taskPrompt": prompt, "workingDirectory": str(recipe["session_cwd"]),
-            "routing": {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": name}}
+    return {
+        "sessionId": session,
+        "taskPrompt": prompt,
+        "workingDirectory": str(recipe["session_cwd"]),
+        "routing": {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": name},
+    }
 
 
 @pytest.mark.parametrize("name", AGENTS)

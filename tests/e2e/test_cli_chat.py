@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,8 +24,19 @@ async def test_chat_prints_the_streamed_answer_and_a_summary(transport: str, fak
     recipe = agents.recipe("opencode", fake_llm.base_url, tmp_path)
     config = bridge_config("opencode", recipe, tmp_path)
     async with real_server(config, build_app(config)) as port:
-        argv = [sys.executable, "-m", "bridge.cli", "chat", "Say hello", "--provider", "opencode",
-                "--cwd", str(recipe["session_cwd"]), "--url", f"{transport}://127.0.0.1:{port}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "bridge.cli",
+            "chat",
+            "Say hello",
+            "--provider",
+            "opencode",
+            "--cwd",
+            str(recipe["session_cwd"]),
+            "--url",
+            f"{transport}://127.0.0.1:{port}",
+        ]
         done = await anyio.run_process(argv, check=False, cwd=tmp_path)
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr.decode()

@@ -50,9 +50,18 @@ import uuid
 
 KIB = 1024
 NOISE = [  # lines that are not JSON-RPC messages (field-failures #10)
-    "", "[INFO] starting tools", "42", '["not","an","object"]',
-    '"str"', '{"foo":"bar"}', '{"jsonrpc":"2.0"}', "null",
-    "{broken json", "\x00\x01 binary-ish", "   ", "Deduplicated hook: x",
+    "",
+    "[INFO] starting tools",
+    "42",
+    '["not","an","object"]',
+    '"str"',
+    '{"foo":"bar"}',
+    '{"jsonrpc":"2.0"}',
+    "null",
+    "{broken json",
+    "\x00\x01 binary-ish",
+    "   ",
+    "Deduplicated hook: x",
     "[" * 3000,  # nested past any parser's stack
 ]
 
@@ -230,11 +239,22 @@ class FakeAgent:
         return {}
 
     def config_options(self) -> list[dict]:
-        mode = {"id": "mode", "name": "Mode", "category": "mode", "type": "select",
-                "currentValue": "build", "options": [{"value": "build", "name": "Build"}]}
-        model = {"id": "model", "name": "Model", "category": "model", "type": "select",
-                 "currentValue": self.config_model,
-                 "options": [{"value": m, "name": m} for m in ("m-default", "m-fast")]}
+        mode = {
+            "id": "mode",
+            "name": "Mode",
+            "category": "mode",
+            "type": "select",
+            "currentValue": "build",
+            "options": [{"value": "build", "name": "Build"}],
+        }
+        model = {
+            "id": "model",
+            "name": "Model",
+            "category": "model",
+            "type": "select",
+            "currentValue": self.config_model,
+            "options": [{"value": m, "name": m} for m in ("m-default", "m-fast")],
+        }
         return [mode, model]
 
     def on_session_set_config_option(self, msg_id: object, params: dict) -> None:
@@ -287,7 +307,11 @@ class FakeAgent:
 
     def late_permission(self, sid: str) -> None:
         tool_call = {"toolCallId": "t-late", "title": "Clean up", "kind": "delete", "status": "pending"}
-        params = {"sessionId": sid, "toolCall": tool_call, "options": [{"optionId": "ok", "name": "ok", "kind": "allow_once"}]}
+        params = {
+            "sessionId": sid,
+            "toolCall": tool_call,
+            "options": [{"optionId": "ok", "name": "ok", "kind": "allow_once"}],
+        }
         response = self.ask("session/request_permission", params, "perm-late")
         self.log(event="late-permission", outcome=response.get("result", {}).get("outcome"))
 
@@ -337,13 +361,16 @@ class FakeAgent:
                 for line in NOISE[i * 4 : i * 4 + 4]:
                     self.write(line)
         where = {"path": "/tmp/a.txt"}
-        self.tool(sid, "tool_call", "t1", title="Read file", kind="read", status="pending",
-                  locations=[where], rawInput=where)  # fmt: skip
+        self.tool(
+            sid, "tool_call", "t1", title="Read file", kind="read", status="pending", locations=[where], rawInput=where
+        )
         self.tool(sid, "tool_call_update", "t1", status="in_progress")
         body = [{"type": "content", "content": {"type": "text", "text": "file body"}}]
         self.tool(sid, "tool_call_update", "t1", status="completed", content=body)
-        entries = [{"content": "read", "priority": "high", "status": "completed"},
-                   {"content": "answer", "priority": "medium", "status": "in_progress"}]
+        entries = [
+            {"content": "read", "priority": "high", "status": "completed"},
+            {"content": "answer", "priority": "medium", "status": "in_progress"},
+        ]
         self.update(sid, {"sessionUpdate": "plan", "entries": entries})
         cost = {"amount": 0.01, "currency": "USD"}
         self.update(sid, {"sessionUpdate": "usage_update", "used": 1000, "size": 200000, "cost": cost})

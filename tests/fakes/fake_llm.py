@@ -48,8 +48,9 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -244,9 +245,7 @@ class FakeLLM:
 
     # ---- configuration ---------------------------------------------------------------------
 
-    def set_reply(
-        self, text: str | None = None, *, chunks: Iterable[str] | None = None, delay: float = 0.0
-    ) -> None:
+    def set_reply(self, text: str | None = None, *, chunks: Iterable[str] | None = None, delay: float = 0.0) -> None:
         """Set the answer to main model calls: one text, or explicit chunks (one delta each)."""
         if chunks is not None:
             parts = [str(c) for c in chunks]
@@ -254,9 +253,7 @@ class FakeLLM:
             parts = [DEFAULT_REPLY if text is None else text]
         self._reply = Reply(chunks=parts or [""], delay=float(delay))
 
-    def queue_reply(
-        self, text: str | None = None, *, chunks: Iterable[str] | None = None, delay: float = 0.0
-    ) -> None:
+    def queue_reply(self, text: str | None = None, *, chunks: Iterable[str] | None = None, delay: float = 0.0) -> None:
         """Answer the *next* main model call with this reply (FIFO); later calls fall back to set_reply."""
         parts = [str(c) for c in chunks] if chunks is not None else [DEFAULT_REPLY if text is None else text]
         with self._lock:
@@ -302,8 +299,7 @@ class FakeLLM:
                 return False
             time.sleep(0.02)
 
-    async def async_wait_for(self, predicate: Callable[[list[RecordedRequest]], bool],
-                             timeout: float = 10.0) -> bool:
+    async def async_wait_for(self, predicate: Callable[[list[RecordedRequest]], bool], timeout: float = 10.0) -> bool:
         """``wait_for`` for async tests (does not block the event loop)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -318,14 +314,18 @@ class FakeLLM:
     def summary(self) -> list[dict[str, Any]]:
         with self._lock:
             return [
-                {"method": r.method, "path": r.path + (f"?{r.query}" if r.query else ""), "kind": r.kind,
-                 "status": r.status}
+                {
+                    "method": r.method,
+                    "path": r.path + (f"?{r.query}" if r.query else ""),
+                    "kind": r.kind,
+                    "status": r.status,
+                }
                 for r in self.requests
             ]
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> "FakeLLM":
+    def start(self) -> FakeLLM:
         if self._thread is not None:
             return self
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -336,8 +336,15 @@ class FakeLLM:
         self._sock = sock
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", loop="asyncio",
-            http="h11", ws="none", timeout_keep_alive=30, timeout_graceful_shutdown=1,
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            loop="asyncio",
+            http="h11",
+            ws="none",
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=1,
         )
         self._server = uvicorn.Server(config)
         # uvicorn installs signal handlers only in the main thread; this runs in a worker thread.
@@ -369,7 +376,7 @@ class FakeLLM:
         self._server = None
         self._sock = None
 
-    def __enter__(self) -> "FakeLLM":
+    def __enter__(self) -> FakeLLM:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -416,8 +423,9 @@ class FakeLLM:
                 return Reply(chunks=[str(c) for c in got])
         return self._reply
 
-    def _answer(self, rec: RecordedRequest, system_text: str, schema: Any, json_mode: bool,
-                has_tools: bool = False) -> Reply:
+    def _answer(
+        self, rec: RecordedRequest, system_text: str, schema: Any, json_mode: bool, has_tools: bool = False
+    ) -> Reply:
         """Decide what a generation request gets, and classify it."""
         if json_mode or schema is not None:
             rec.kind = "json"
@@ -444,14 +452,16 @@ class FakeLLM:
             Route("/v1beta/models/{rest:path}", self._gemini, methods=["GET", "POST"]),
             Route("/v1/models/{rest:path}", self._gemini, methods=["POST"]),
         ]
-        async def not_found(request: Request, exc: Exception) -> Response:  # noqa: ARG001
+
+        async def not_found(request: Request, exc: Exception) -> Response:
             rec = await self._record(request)
             rec.status = 404
             self._emit_log(rec)
-            return JSONResponse({"error": {"message": f"not found: {request.url.path}", "type": "not_found"}},
-                                status_code=404)
+            return JSONResponse(
+                {"error": {"message": f"not found: {request.url.path}", "type": "not_found"}}, status_code=404
+            )
 
-        async def not_allowed(request: Request, exc: Exception) -> Response:  # noqa: ARG001
+        async def not_allowed(request: Request, exc: Exception) -> Response:
             rec = await self._record(request)
             rec.status = 405
             self._emit_log(rec)
@@ -477,14 +487,18 @@ class FakeLLM:
         now = int(time.time())
         if "anthropic-version" in rec.headers:
             data = [
-                {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
-                for m in self.models
+                {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"} for m in self.models
             ]
-            return JSONResponse({"data": data, "has_more": False, "first_id": data[0]["id"],
-                                 "last_id": data[-1]["id"]})
+            return JSONResponse({"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]})
         data = [
-            {"id": m, "object": "model", "created": now, "owned_by": "fake-llm", "context_length": 128000,
-             "max_model_len": 128000}
+            {
+                "id": m,
+                "object": "model",
+                "created": now,
+                "owned_by": "fake-llm",
+                "context_length": 128000,
+                "max_model_len": 128000,
+            }
             for m in self.models
         ]
         return JSONResponse({"object": "list", "data": data})
@@ -494,8 +508,15 @@ class FakeLLM:
         rec.kind = "models"
         self._emit_log(rec)
         model = request.path_params["model"]
-        return JSONResponse({"id": model, "object": "model", "created": int(time.time()), "owned_by": "fake-llm",
-                             "context_length": 128000})
+        return JSONResponse(
+            {
+                "id": model,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "fake-llm",
+                "context_length": 128000,
+            }
+        )
 
     # ---- OpenAI chat completions ---------------------------------------------------------------
 
@@ -505,8 +526,9 @@ class FakeLLM:
         body = rec.body if isinstance(rec.body, dict) else {}
         model = str(body.get("model") or "mock-model")
         messages = body.get("messages") or []
-        system_text = _flatten_text([m.get("content") for m in messages
-                                     if isinstance(m, dict) and m.get("role") in ("system", "developer")])
+        system_text = _flatten_text(
+            [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+        )
         rf = body.get("response_format") or {}
         schema = None
         json_mode = False
@@ -518,22 +540,41 @@ class FakeLLM:
         self._emit_log(rec)
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
-        usage = {"prompt_tokens": 1, "completion_tokens": max(1, len(reply.chunks)),
-                 "total_tokens": 1 + max(1, len(reply.chunks))}
+        usage = {
+            "prompt_tokens": 1,
+            "completion_tokens": max(1, len(reply.chunks)),
+            "total_tokens": 1 + max(1, len(reply.chunks)),
+        }
 
         if not body.get("stream"):
-            return JSONResponse({
-                "id": cid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                             "finish_reason": "stop", "logprobs": None}],
-                "usage": usage,
-            })
+            return JSONResponse(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": reply.text},
+                            "finish_reason": "stop",
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            obj = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            }
             obj.update(extra)
             return _sse_data(obj)
 
@@ -545,8 +586,16 @@ class FakeLLM:
                 yield chunk({"content": part})
             yield chunk({}, "stop", usage=usage)
             if include_usage:
-                yield _sse_data({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                 "choices": [], "usage": usage})
+                yield _sse_data(
+                    {
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
             yield b"data: [DONE]\n\n"
 
         return _sse(gen())
@@ -561,8 +610,9 @@ class FakeLLM:
         system_text = str(body.get("instructions") or "")
         inp = body.get("input")
         if isinstance(inp, list):
-            system_text += "\n" + _flatten_text([m.get("content") for m in inp
-                                                 if isinstance(m, dict) and m.get("role") in ("system", "developer")])
+            system_text += "\n" + _flatten_text(
+                [m.get("content") for m in inp if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+            )
         fmt = ((body.get("text") or {}).get("format") or {}) if isinstance(body.get("text"), dict) else {}
         schema = fmt.get("schema") if fmt.get("type") == "json_schema" else None
         reply = self._answer(rec, system_text, schema, fmt.get("type") == "json_object", bool(body.get("tools")))
@@ -571,10 +621,20 @@ class FakeLLM:
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         n_out = max(1, len(reply.chunks))
-        usage = {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n_out,
-                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 1 + n_out}
-        done_item = {"type": "message", "id": mid, "status": "completed", "role": "assistant",
-                     "content": [{"type": "output_text", "text": reply.text, "annotations": []}]}
+        usage = {
+            "input_tokens": 1,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": n_out,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 1 + n_out,
+        }
+        done_item = {
+            "type": "message",
+            "id": mid,
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
+        }
         base = {"id": rid, "object": "response", "created_at": created, "model": model}
 
         if not body.get("stream"):
@@ -588,25 +648,45 @@ class FakeLLM:
 
             yield ev("response.created", {"response": base | {"status": "in_progress", "output": []}})
             yield ev("response.in_progress", {"response": base | {"status": "in_progress", "output": []}})
-            yield ev("response.output_item.added", {
-                "output_index": 0,
-                "item": {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}})
-            yield ev("response.content_part.added", {
-                "item_id": mid, "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": []}})
+            yield ev(
+                "response.output_item.added",
+                {
+                    "output_index": 0,
+                    "item": {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []},
+                },
+            )
+            yield ev(
+                "response.content_part.added",
+                {
+                    "item_id": mid,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []},
+                },
+            )
             for part in reply.chunks:
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
-                yield ev("response.output_text.delta",
-                         {"item_id": mid, "output_index": 0, "content_index": 0, "delta": part})
-            yield ev("response.output_text.done",
-                     {"item_id": mid, "output_index": 0, "content_index": 0, "text": reply.text})
-            yield ev("response.content_part.done", {
-                "item_id": mid, "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": reply.text, "annotations": []}})
+                yield ev(
+                    "response.output_text.delta", {"item_id": mid, "output_index": 0, "content_index": 0, "delta": part}
+                )
+            yield ev(
+                "response.output_text.done", {"item_id": mid, "output_index": 0, "content_index": 0, "text": reply.text}
+            )
+            yield ev(
+                "response.content_part.done",
+                {
+                    "item_id": mid,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "part": {"type": "output_text", "text": reply.text, "annotations": []},
+                },
+            )
             yield ev("response.output_item.done", {"output_index": 0, "item": done_item})
-            yield ev("response.completed", {
-                "response": base | {"status": "completed", "output": [done_item], "usage": usage}})
+            yield ev(
+                "response.completed",
+                {"response": base | {"status": "completed", "output": [done_item], "usage": usage}},
+            )
 
         return _sse(gen())
 
@@ -617,10 +697,20 @@ class FakeLLM:
         rec.kind = "models"
         rec.api = "gemini"
         self._emit_log(rec)
-        return JSONResponse({"models": [
-            {"name": f"models/{m}", "displayName": m, "inputTokenLimit": 1048576, "outputTokenLimit": 65536,
-             "supportedGenerationMethods": ["generateContent", "countTokens"]}
-            for m in self.models]})
+        return JSONResponse(
+            {
+                "models": [
+                    {
+                        "name": f"models/{m}",
+                        "displayName": m,
+                        "inputTokenLimit": 1048576,
+                        "outputTokenLimit": 65536,
+                        "supportedGenerationMethods": ["generateContent", "countTokens"],
+                    }
+                    for m in self.models
+                ]
+            }
+        )
 
     async def _gemini(self, request: Request) -> Response:
         rec = await self._record(request)
@@ -631,9 +721,15 @@ class FakeLLM:
         if request.method == "GET" or not action:
             rec.kind = "models"
             self._emit_log(rec)
-            return JSONResponse({"name": f"models/{model}", "displayName": model, "inputTokenLimit": 1048576,
-                                 "outputTokenLimit": 65536,
-                                 "supportedGenerationMethods": ["generateContent", "countTokens"]})
+            return JSONResponse(
+                {
+                    "name": f"models/{model}",
+                    "displayName": model,
+                    "inputTokenLimit": 1048576,
+                    "outputTokenLimit": 65536,
+                    "supportedGenerationMethods": ["generateContent", "countTokens"],
+                }
+            )
         if action == "countTokens":
             rec.kind = "count"
             self._emit_log(rec)
@@ -648,8 +744,9 @@ class FakeLLM:
         if action not in ("generateContent", "streamGenerateContent"):
             rec.status = 404
             self._emit_log(rec)
-            return JSONResponse({"error": {"code": 404, "message": f"unknown action {action}", "status": "NOT_FOUND"}},
-                                status_code=404)
+            return JSONResponse(
+                {"error": {"code": 404, "message": f"unknown action {action}", "status": "NOT_FOUND"}}, status_code=404
+            )
 
         gen_cfg = body.get("generationConfig") or body.get("generation_config") or {}
         system_text = _flatten_text(body.get("systemInstruction") or body.get("system_instruction"))
@@ -667,8 +764,7 @@ class FakeLLM:
             return c
 
         if action == "generateContent":
-            return JSONResponse({"candidates": [cand(reply.text, True)], "usageMetadata": usage,
-                                 "modelVersion": model})
+            return JSONResponse({"candidates": [cand(reply.text, True)], "usageMetadata": usage, "modelVersion": model})
 
         async def gen() -> AsyncIterator[bytes]:
             last = len(reply.chunks) - 1
@@ -688,7 +784,7 @@ class FakeLLM:
             yield b"["
             first = True
             async for ev in gen():
-                payload = ev.decode()[len("data: "):].strip()
+                payload = ev.decode()[len("data: ") :].strip()
                 yield (b"" if first else b",") + payload.encode()
                 first = False
             yield b"]"
@@ -718,30 +814,56 @@ class FakeLLM:
         self._emit_log(rec)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         n_out = max(1, len(reply.chunks))
-        usage_start = {"input_tokens": 10, "output_tokens": 1, "cache_creation_input_tokens": 0,
-                       "cache_read_input_tokens": 0}
-        message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": usage_start}
+        usage_start = {
+            "input_tokens": 10,
+            "output_tokens": 1,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+        message = {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage_start,
+        }
 
         if not body.get("stream"):
-            return JSONResponse(message | {
-                "content": [{"type": "text", "text": reply.text}], "stop_reason": "end_turn",
-                "usage": usage_start | {"output_tokens": n_out}})
+            return JSONResponse(
+                message
+                | {
+                    "content": [{"type": "text", "text": reply.text}],
+                    "stop_reason": "end_turn",
+                    "usage": usage_start | {"output_tokens": n_out},
+                }
+            )
 
         async def gen() -> AsyncIterator[bytes]:
             yield _sse_event("message_start", {"type": "message_start", "message": message})
-            yield _sse_event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                     "content_block": {"type": "text", "text": ""}})
+            yield _sse_event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            )
             yield _sse_event("ping", {"type": "ping"})
             for part in reply.chunks:
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
-                yield _sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                         "delta": {"type": "text_delta", "text": part}})
+                yield _sse_event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}},
+                )
             yield _sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            yield _sse_event("message_delta", {"type": "message_delta",
-                                               "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                               "usage": {"output_tokens": n_out}})
+            yield _sse_event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": n_out},
+                },
+            )
             yield _sse_event("message_stop", {"type": "message_stop"})
 
         return _sse(gen())
@@ -761,8 +883,9 @@ def _sse_event(name: str, obj: Any) -> bytes:
 
 
 def _sse(gen: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -802,12 +925,18 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    server = FakeLLM(reply=args.reply, chunks=args.chunk, delay=args.delay, host=args.host, port=args.port,
-                     log=None if args.quiet else log)
+    server = FakeLLM(
+        reply=args.reply,
+        chunks=args.chunk,
+        delay=args.delay,
+        host=args.host,
+        port=args.port,
+        log=None if args.quiet else log,
+    )
     server.start()
     print(f"fake-llm listening on {server.base_url}", file=sys.stderr, flush=True)
 
-    def _term(signum: int, frame: Any) -> None:  # noqa: ARG001
+    def _term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)

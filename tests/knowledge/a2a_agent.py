@@ -21,8 +21,7 @@ def agent_app(base_url: str, received: list[dict[str, Any]]) -> Starlette:
     from a2a.server.request_handlers import DefaultRequestHandler
     from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
     from a2a.server.tasks import InMemoryTaskStore
-    from a2a.types.a2a_pb2 import (AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill,
-                                   TaskState)
+    from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill, TaskState
 
     class WikiExecutor(AgentExecutor):
         async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -34,8 +33,12 @@ def agent_app(base_url: str, received: list[dict[str, Any]]) -> Starlette:
             finally:
                 await source.aclose()
             artifact = new_data_artifact("llmwiki_context", pack)
-            task = new_task(context.task_id or str(uuid.uuid4()), context.context_id or str(uuid.uuid4()),
-                            TaskState.TASK_STATE_COMPLETED, artifacts=[artifact])
+            task = new_task(
+                context.task_id or str(uuid.uuid4()),
+                context.context_id or str(uuid.uuid4()),
+                TaskState.TASK_STATE_COMPLETED,
+                artifacts=[artifact],
+            )
             await event_queue.enqueue_event(task)
 
         async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -43,11 +46,16 @@ def agent_app(base_url: str, received: list[dict[str, Any]]) -> Starlette:
 
     interface = AgentInterface(url=base_url + "/a2a", protocol_binding="JSONRPC", protocol_version="1.0")
     card = AgentCard(
-        name="Acme v1 wiki agent", description="A v1 A2A agent over the sample wiki", version="1.0.0",
+        name="Acme v1 wiki agent",
+        description="A v1 A2A agent over the sample wiki",
+        version="1.0.0",
         supported_interfaces=[interface],
-        capabilities=AgentCapabilities(streaming=False, extensions=[
-            AgentExtension(uri="llmwiki_retrieval_v1"), AgentExtension(uri="llmwiki_search_mode_lexical")]),
-        default_input_modes=["text"], default_output_modes=["text"],
+        capabilities=AgentCapabilities(
+            streaming=False,
+            extensions=[AgentExtension(uri="llmwiki_retrieval_v1"), AgentExtension(uri="llmwiki_search_mode_lexical")],
+        ),
+        default_input_modes=["text"],
+        default_output_modes=["text"],
         skills=[AgentSkill(id="context", name="context", description="wiki context", tags=["wiki"])],
     )
     handler = DefaultRequestHandler(agent_executor=WikiExecutor(), task_store=InMemoryTaskStore(), agent_card=card)

@@ -40,8 +40,16 @@ class ThreadedServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan, loop="asyncio",
-                                http="h11", ws="none", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan=lifespan,
+            loop="asyncio",
+            http="h11",
+            ws="none",
+            timeout_graceful_shutdown=1,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -75,8 +83,9 @@ class FakeRuntime:
     500) or ``hang`` (never answers). Every request body is kept in ``requests``."""
 
     mode: str = "stream"
-    chunks: list[str] = field(default_factory=lambda: ["Refunds over 500 USD need ", "finance lead approval ",
-                                                       "[1](#citation-1)."])
+    chunks: list[str] = field(
+        default_factory=lambda: ["Refunds over 500 USD need ", "finance lead approval ", "[1](#citation-1)."]
+    )
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
 
@@ -93,8 +102,13 @@ class FakeRuntime:
             await asyncio.sleep(3600)
         if self.mode == "json":
             message = {"role": "assistant", "content": "".join(self.chunks)}
-            return JSONResponse({"id": "c1", "object": "chat.completion",
-                                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+            return JSONResponse(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                }
+            )
 
         async def events():
             for chunk in self.chunks:
@@ -134,8 +148,15 @@ class SlowSources:
             await asyncio.sleep(3600 if delay is None else delay)
         finally:
             self.in_flight -= 1
-        evidence = [{"page_id": f"{name}-page", "title": f"{name} page", "path": f"{name}.md", "score": 1.0,
-                     "snippet": f"Evidence from {name}."}]
+        evidence = [
+            {
+                "page_id": f"{name}-page",
+                "title": f"{name} page",
+                "path": f"{name}.md",
+                "score": 1.0,
+                "snippet": f"Evidence from {name}.",
+            }
+        ]
         graph = {"nodes": [], "edges": []}
         return JSONResponse({"wiki_title": name, "evidence": evidence, "orientation": [], "graph": graph})
 
@@ -163,10 +184,21 @@ class LlmwikiServe:
 
     def __enter__(self) -> LlmwikiServe:
         env = {**os.environ, "LLMWIKI_SERVE_STATE_DIR": str(self.workdir / "state"), "LLMWIKI_SERVE_IO_LOG": "off"}
-        cmd = [str(llmwiki_bin()), "serve", str(self.wiki), "--host", "127.0.0.1", "--port", str(self.port),
-               "--io-log", "off", "--enable-a2a-compat"]
-        self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        cmd = [
+            str(llmwiki_bin()),
+            "serve",
+            str(self.wiki),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--io-log",
+            "off",
+            "--enable-a2a-compat",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "llmwiki-serve exited during start-up"

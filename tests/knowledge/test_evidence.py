@@ -19,8 +19,13 @@ def test_citations_are_prefixed_deduplicated_and_keep_source_order() -> None:
     a = SourceDescriptor(id="a", protocol="local-wiki", root="/w")
     b = SourceDescriptor(id="b", protocol="local-wiki", root="/w")
     evidence = Evidence()
-    pack = {"evidence": [{"page_id": "p", "title": "# P", "snippet": "see [[x|X]] and [[y]]", "path": "/etc/p.md"},
-                         {"page_id": "p"}], "orientation": [{"page_id": "hot"}]}
+    pack = {
+        "evidence": [
+            {"page_id": "p", "title": "# P", "snippet": "see [[x|X]] and [[y]]", "path": "/etc/p.md"},
+            {"page_id": "p"},
+        ],
+        "orientation": [{"page_id": "hot"}],
+    }
     evidence.add(a, pack, None)
     evidence.add(b, pack, None)
     assert [c["id"] for c in evidence.citations] == ["a:p", "b:p"]
@@ -37,9 +42,16 @@ def test_the_graph_keeps_at_most_120_nodes_per_source_and_their_edges() -> None:
 
 
 def test_source_bundles_pass_an_allowlist() -> None:
-    bundle = {"source_id": "w", "root": "/abs/root", "token": "secret", "capabilities": [" llmwiki_search "],
-              "source_refs": [{"id": "r", "uri": "http://user:pw@host/x?q=1", "locator": {"path": "/abs"}},
-                              {"id": "s", "uri": "file:///etc/passwd"}]}
+    bundle = {
+        "source_id": "w",
+        "root": "/abs/root",
+        "token": "secret",
+        "capabilities": [" llmwiki_search "],
+        "source_refs": [
+            {"id": "r", "uri": "http://user:pw@host/x?q=1", "locator": {"path": "/abs"}},
+            {"id": "s", "uri": "file:///etc/passwd"},
+        ],
+    }
     safe = bundle_from("w", bundle)
     assert "root" not in safe and "token" not in safe and safe["capabilities"] == ["llmwiki_search"]
     assert safe["sourceRefs"][0] == {"id": "r", "label": None, "type": None, "uri": "http://host/x"}
@@ -50,14 +62,20 @@ def test_anchors_are_checked_and_appended_only_when_missing() -> None:
     assert has_valid_anchor("yes [2](#citation-2)", 2)
     assert not has_valid_anchor("![1](#citation-1) [3](#citation-3) [1](#citation-2)", 2)
     assert fallback_anchors("cited [1](#citation-1)", 3) == ""
-    assert fallback_anchors("none", 7) == ("\n\nEvidence used: [1](#citation-1) [2](#citation-2) [3](#citation-3) "
-                                           "[4](#citation-4) [5](#citation-5) +2 more")
+    assert fallback_anchors("none", 7) == (
+        "\n\nEvidence used: [1](#citation-1) [2](#citation-2) [3](#citation-3) "
+        "[4](#citation-4) [5](#citation-5) +2 more"
+    )
     assert fallback_anchors("none", 0) == ""
 
 
 def test_evidence_only_answers_take_each_sources_best_first() -> None:
-    citations = [{"sourceId": "a", "title": "A1", "snippet": "a1"}, {"sourceId": "a", "title": "A2", "snippet": "a2"},
-                 {"sourceId": "b", "title": "B1", "snippet": "b1"}, {"sourceId": "a", "title": "A3", "snippet": "a3"}]
+    citations = [
+        {"sourceId": "a", "title": "A1", "snippet": "a1"},
+        {"sourceId": "a", "title": "A2", "snippet": "a2"},
+        {"sourceId": "b", "title": "B1", "snippet": "b1"},
+        {"sourceId": "a", "title": "A3", "snippet": "a3"},
+    ]
     assert top_citations(citations) == [1, 3, 2]
     answer = evidence_only(citations, answered=2, failed=1)
     assert "**A1**: a1 [1](#citation-1)" in answer and "**B1**: b1 [3](#citation-3)" in answer
@@ -65,20 +83,26 @@ def test_evidence_only_answers_take_each_sources_best_first() -> None:
 
 
 def test_a_snippet_cut_inside_a_code_span_gets_its_backtick_back() -> None:
-    citations = [{"sourceId": "a", "title": "Start", "snippet": "…knowledge`, or on the command line with `chat`."},
-                 {"sourceId": "b", "title": "End", "snippet": "set it in the file (`xworkmate-bridge.yaml…"},
-                 {"sourceId": "c", "title": "Whole", "snippet": "don`t run `rm` here"}]  # fmt: skip
+    citations = [
+        {"sourceId": "a", "title": "Start", "snippet": "…knowledge`, or on the command line with `chat`."},
+        {"sourceId": "b", "title": "End", "snippet": "set it in the file (`xworkmate-bridge.yaml…"},
+        {"sourceId": "c", "title": "Whole", "snippet": "don`t run `rm` here"},
+    ]
     answer = evidence_only(citations, answered=3, failed=0)
     assert "**Start**: …`knowledge`, or on the command line with `chat`. [1]" in answer
     assert "**End**: set it in the file (`xworkmate-bridge.yaml`… [2]" in answer
     assert "**Whole**: don`t run `rm` here [3]" in answer  # not cut: the source's own text
     both = [{"sourceId": "d", "title": "Both", "snippet": "…Set `limits.maxSessions` then `serve --config /etc/x…"}]
-    assert "**Both**: …Set limits.maxSessions then serve --config /etc/x… [1]" in evidence_only(both, 1, 0)  # side unknown
+    assert "**Both**: …Set limits.maxSessions then serve --config /etc/x… [1]" in evidence_only(
+        both, 1, 0
+    )  # side unknown
 
 
 def test_an_answer_snippet_does_not_repeat_the_page_title_it_is_shown_under() -> None:
-    citations = [{"sourceId": "a", "title": "Auth tokens", "snippet": "Auth tokens Set a token with BRIDGE_AUTH_TOKEN."},
-                 {"sourceId": "b", "title": "Wombat", "snippet": "Wombat"}]  # fmt: skip
+    citations = [
+        {"sourceId": "a", "title": "Auth tokens", "snippet": "Auth tokens Set a token with BRIDGE_AUTH_TOKEN."},
+        {"sourceId": "b", "title": "Wombat", "snippet": "Wombat"},
+    ]
     answer = evidence_only(citations, answered=2, failed=0)
     assert "**Auth tokens**: Set a token with BRIDGE_AUTH_TOKEN. [1]" in answer
     assert "**Wombat**: Wombat [2]" in answer  # nothing but the title: kept

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -99,22 +100,39 @@ def v1_agent() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 async def test_a_v1_a2a_agent_is_called_through_the_sdk_with_the_retrieval_intent(v1_agent) -> None:
     url, received = v1_agent
-    retrieval = {"schemaVersion": "llmwiki.retrieval.v1", "searchMode": "lexical", "fallback": "none",
-                 "search": {"limit": 3}}
+    retrieval = {
+        "schemaVersion": "llmwiki.retrieval.v1",
+        "searchMode": "lexical",
+        "fallback": "none",
+        "search": {"limit": 3},
+    }
     async with make_service([a2a(url, "v1")]) as service:
         outcome, _ = await run(service, QUESTION, retrieval=retrieval)
     artifact = artifact_of(outcome)
     assert outcome.status == "completed", artifact["diagnostics"]
     assert artifact["citations"][0]["id"] == f"v1:{REFUND}" and artifact["diagnostics"] == []
-    assert received == [{"query": QUESTION, "retrieval": {"schemaVersion": "llmwiki.retrieval.v1",
-                         "searchMode": "lexical", "fallback": "lexical", "search": {"limit": 3.0}}}]
+    assert received == [
+        {
+            "query": QUESTION,
+            "retrieval": {
+                "schemaVersion": "llmwiki.retrieval.v1",
+                "searchMode": "lexical",
+                "fallback": "lexical",
+                "search": {"limit": 3.0},
+            },
+        }
+    ]
 
 
 async def test_two_sources_answer_while_a_dead_and_a_slow_one_fail_in_order(llmwiki: LlmwikiServe) -> None:
     slow = SlowSources(delays={"slow": None})
     with ThreadedServer(slow.app()) as server:
-        sources = [SourceDescriptor(id="slow", protocol="llmwiki-http", url=server.url + "/slow"), http(llmwiki),
-                   SourceDescriptor(id="dead", protocol="llmwiki-http", url=dead_url()), wiki_descriptor()]
+        sources = [
+            SourceDescriptor(id="slow", protocol="llmwiki-http", url=server.url + "/slow"),
+            http(llmwiki),
+            SourceDescriptor(id="dead", protocol="llmwiki-http", url=dead_url()),
+            wiki_descriptor(),
+        ]
         started = time.monotonic()
         async with make_service(sources, source_timeout_seconds=1.5) as service:
             outcome, sink = await run(service, QUESTION)
@@ -123,7 +141,11 @@ async def test_two_sources_answer_while_a_dead_and_a_slow_one_fail_in_order(llmw
     assert outcome.status == "completed" and elapsed < 6
     tool_steps = [s for s in artifact["steps"] if s["id"].startswith("tool-")]
     assert [(s["sourceId"], s["status"]) for s in tool_steps] == [
-        ("slow", "error"), ("ops-http", "done"), ("dead", "error"), ("acme", "done")]
+        ("slow", "error"),
+        ("ops-http", "done"),
+        ("dead", "error"),
+        ("acme", "done"),
+    ]
     assert [d["subject"] for d in artifact["diagnostics"]] == ["slow", "dead"]
     reasons = [{o["name"]: o["value"] for o in d["observations"]}["reason"] for d in artifact["diagnostics"]]
     assert reasons == ["timeout", "connect"]
@@ -179,8 +201,12 @@ async def test_gating_against_the_real_server_both_ways(llmwiki: LlmwikiServe) -
 
 
 async def test_query_variants_reach_a_source_that_advertises_guided_lexical(llmwiki: LlmwikiServe) -> None:
-    retrieval = {"schemaVersion": "llmwiki.retrieval.v1", "searchMode": "lexical", "fallback": "none",
-                 "search": {"queryVariants": ["chargeback"], "limit": 4}}
+    retrieval = {
+        "schemaVersion": "llmwiki.retrieval.v1",
+        "searchMode": "lexical",
+        "fallback": "none",
+        "search": {"queryVariants": ["chargeback"], "limit": 4},
+    }
     async with make_service([http(llmwiki)]) as service:
         outcome, _ = await run(service, "refund", retrieval=retrieval)
     ids = [c["id"] for c in artifact_of(outcome)["citations"]]

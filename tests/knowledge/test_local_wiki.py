@@ -39,7 +39,8 @@ async def test_search_ranks_with_fts5_bm25_and_withholds_drafts(wiki_copy: Path)
 async def test_literal_mode_matches_the_exact_phrase_only(wiki_copy: Path) -> None:
     source = wiki_source(wiki_copy)
     assert [h["page_id"] for h in await source.search("finance lead", RoutedRetrieval(mode="literal"))] == [
-        "ops/billing/refund-policy"]
+        "ops/billing/refund-policy"
+    ]
     assert await source.search("lead finance", RoutedRetrieval(mode="literal")) == []
     await source.aclose()
 
@@ -59,10 +60,13 @@ async def test_a_cycle_of_wikilinks_is_walked_once(wiki_copy: Path) -> None:
     near = await source.neighbors(["eng/cycle-a"], 4, "both", 50)
     assert [n["id"] for n in near["nodes"]] == ["page:eng/cycle-a", "page:eng/cycle-b"]
     assert {(e["source"], e["target"]) for e in near["edges"]} == {
-        ("page:eng/cycle-a", "page:eng/cycle-b"), ("page:eng/cycle-b", "page:eng/cycle-a")}
+        ("page:eng/cycle-a", "page:eng/cycle-b"),
+        ("page:eng/cycle-b", "page:eng/cycle-a"),
+    }
     graph = await source.graph(500)
     assert {"id": "placeholder:missing-page"}.items() <= next(
-        n for n in graph["nodes"] if n["id"] == "placeholder:missing-page").items()
+        n for n in graph["nodes"] if n["id"] == "placeholder:missing-page"
+    ).items()
     await source.aclose()
 
 
@@ -97,8 +101,9 @@ async def test_read_walks_down_a_nested_unicode_tree(wiki_copy: Path) -> None:
         page = await service.read("wiki", "/guides/入门/快速开始")
         ops = await service.read("wiki", "/ops")
     assert [c["path"] for c in guides["children"]] == ["/guides/入门"]
-    assert folder["children"] == [{"path": "/guides/入门/快速开始", "kind": "page", "title": "快速开始",
-                                   "summary": "新成员的第一天指南。"}]
+    assert folder["children"] == [
+        {"path": "/guides/入门/快速开始", "kind": "page", "title": "快速开始", "summary": "新成员的第一天指南。"}
+    ]
     assert page["kind"] == "page" and page["frontMatter"]["summary"] == "新成员的第一天指南。"
     assert "oncall" in page["content"] and page["children"] == []
     assert ops["title"] == "Operations" and "/ops/README" not in [c["path"] for c in ops["children"]]

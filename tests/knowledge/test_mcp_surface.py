@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette
@@ -15,8 +16,17 @@ from tests.knowledge.helpers import make_service, wiki_descriptor
 from tests.knowledge.servers import ThreadedServer
 
 pytestmark = pytest.mark.timeout(60)
-TOOLS = ["llmwiki_agent_run", "llmwiki_list_sources", "llmwiki_context", "llmwiki_search", "llmwiki_read",
-         "llmwiki_graph", "llmwiki_graph_neighbors", "llmwiki_source_bundle", "get_wiki_content"]
+TOOLS = [
+    "llmwiki_agent_run",
+    "llmwiki_list_sources",
+    "llmwiki_context",
+    "llmwiki_search",
+    "llmwiki_read",
+    "llmwiki_graph",
+    "llmwiki_graph_neighbors",
+    "llmwiki_source_bundle",
+    "get_wiki_content",
+]
 
 
 def dead_source() -> SourceDescriptor:
@@ -30,8 +40,9 @@ def bridge_mcp(runtime) -> Iterator[tuple[str, Any]]:
     fake, url = runtime
     service = make_service([wiki_descriptor(), dead_source()], runtime_url=url)
     mcp_app = create_mcp_app(service)
-    app = Starlette(routes=[Route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"])],
-                    lifespan=lambda _: mcp_app.lifespan())
+    app = Starlette(
+        routes=[Route("/mcp", mcp_app, methods=["GET", "POST", "DELETE"])], lifespan=lambda _: mcp_app.lifespan()
+    )
     with ThreadedServer(app, lifespan="on") as server:
         yield server.url + "/mcp", fake
 
@@ -56,8 +67,9 @@ async def test_read_only_tools_answer_without_calling_the_runtime(bridge_mcp) ->
     async with Client(url) as client:
         search = await client.call_tool("llmwiki_search", {"source_id": "acme", "query": "chargeback", "limit": 2})
         read = await client.call_tool("llmwiki_read", {"pageId": "acme:ops/billing/refund-policy", "maxChars": 200})
-        graph = await client.call_tool("llmwiki_graph_neighbors", {"nodeId": "eng/cycle-a", "sourceId": "acme",
-                                                                   "depth": 2})
+        graph = await client.call_tool(
+            "llmwiki_graph_neighbors", {"nodeId": "eng/cycle-a", "sourceId": "acme", "depth": 2}
+        )
         bundle = await client.call_tool("llmwiki_source_bundle", {"sourceId": "acme"})
         listing = await client.call_tool("llmwiki_list_sources", {"probe": True})
     results = search.structured_content["llmwiki_search"]["results"]
@@ -93,8 +105,10 @@ async def test_agent_run_returns_the_whole_turn_as_structured_content(bridge_mcp
 
     url, fake = bridge_mcp
     async with Client(url) as client:
-        result = await client.call_tool("llmwiki_agent_run", {"query": "What approval do refunds over 500 USD need?",
-                                                              "orchestration_mode": "delegated-runtime"})
+        result = await client.call_tool(
+            "llmwiki_agent_run",
+            {"query": "What approval do refunds over 500 USD need?", "orchestration_mode": "delegated-runtime"},
+        )
     artifact = result.structured_content["llmwiki_agent_result"]
     assert not result.is_error and result.content[0].text == artifact["answer"] == "".join(fake.chunks)
     assert artifact["citations"][0]["id"] == "acme:ops/billing/refund-policy"

@@ -22,9 +22,14 @@ async def test_a_session_start_routed_to_knowledge_streams_status_and_returns_th
     async with make_service() as service:
         registry = ProviderRegistry({"knowledge": KnowledgeAdapter("knowledge", service)}, {"knowledge"})
         async with Orchestrator(registry, [Path("/tmp").resolve()], Limits(), Timeouts()) as orch:
-            params = TurnParams.model_validate({
-                "sessionId": "s1", "taskPrompt": "What approval do refunds over 500 USD need?",
-                "routing": {"explicitProviderId": "knowledge"}, "mode": "craft"})
+            params = TurnParams.model_validate(
+                {
+                    "sessionId": "s1",
+                    "taskPrompt": "What approval do refunds over 500 USD need?",
+                    "routing": {"explicitProviderId": "knowledge"},
+                    "mode": "craft",
+                }
+            )
             result = await orch.run_turn(params, "local", lambda method, p: updates.append(p), start=True)
     TurnResult.model_validate(result)
     artifact = result["artifacts"][0]

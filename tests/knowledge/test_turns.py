@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -36,19 +37,44 @@ async def test_an_evidence_only_turn_reports_each_step_then_the_answer() -> None
     async with make_service() as service:
         outcome, sink = await run(service, QUESTION)
     artifact = artifact_of(outcome)
-    assert [s.event for s in sink.statuses] == ["knowledge.plan", "knowledge.source", "knowledge.source_bundle",
-                                                "knowledge.evidence", "knowledge.answer", "knowledge.final"]
+    assert [s.event for s in sink.statuses] == [
+        "knowledge.plan",
+        "knowledge.source",
+        "knowledge.source_bundle",
+        "knowledge.evidence",
+        "knowledge.answer",
+        "knowledge.final",
+    ]
     first_delta = next(i for i, e in enumerate(sink.events) if not isinstance(e, StatusEvent))
     assert all(isinstance(e, StatusEvent) for e in sink.events[:first_delta])
-    assert set(artifact) == {"type", "requestId", "traceId", "answer", "orchestrationMode", "citations", "graph",
-                             "steps", "sourceBundles", "diagnostics"}
+    assert set(artifact) == {
+        "type",
+        "requestId",
+        "traceId",
+        "answer",
+        "orchestrationMode",
+        "citations",
+        "graph",
+        "steps",
+        "sourceBundles",
+        "diagnostics",
+    }
     assert artifact["type"] == "llmwiki_agent_result" and artifact["requestId"] == "turn-1"
-    assert artifact["citations"][0] == {**artifact["citations"][0], "id": "acme:ops/billing/refund-policy",
-                                        "path": "ops/billing/refund-policy.md", "title": "Refund Policy"}
+    assert artifact["citations"][0] == {
+        **artifact["citations"][0],
+        "id": "acme:ops/billing/refund-policy",
+        "path": "ops/billing/refund-policy.md",
+        "title": "Refund Policy",
+    }
     assert all(n["id"].startswith("acme:") for n in artifact["graph"]["nodes"])
     assert [s["id"] for s in artifact["steps"]] == [
-        "bridge-plan", "tool-acme", "source-manifest-acme", "bridge-evidence", "bridge-evidence-only-answer",
-        "bridge-final-answer"]
+        "bridge-plan",
+        "tool-acme",
+        "source-manifest-acme",
+        "bridge-evidence",
+        "bridge-evidence-only-answer",
+        "bridge-final-answer",
+    ]
     assert artifact["sourceBundles"][0]["sourceId"] == "acme" and artifact["diagnostics"] == []
     assert str(Path(__file__).parents[1]) not in json.dumps(artifact)
 
@@ -58,10 +84,12 @@ async def test_the_delegated_request_matches_the_golden_prompt(runtime) -> None:
     fake.chunks = ["Refunds over 500 USD need finance lead approval [1](#citation-1)."]
     async with make_service(runtime_url=url) as service:
         session = session_of(service)
-        await session.run_turn(request("What about refunds?", turn="turn-1", orchestrationMode="delegated-runtime"),
-                               RecordingSink())
-        outcome = await session.run_turn(request(QUESTION, turn="turn-2", orchestrationMode="delegated-runtime"),
-                                         RecordingSink())
+        await session.run_turn(
+            request("What about refunds?", turn="turn-1", orchestrationMode="delegated-runtime"), RecordingSink()
+        )
+        outcome = await session.run_turn(
+            request(QUESTION, turn="turn-2", orchestrationMode="delegated-runtime"), RecordingSink()
+        )
     assert outcome.status == "completed"
     body = fake.requests[1]
     assert body == json.loads(GOLDEN.read_text())  # regenerate only after reviewing a deliberate change
@@ -71,9 +99,18 @@ async def test_the_delegated_request_matches_the_golden_prompt(runtime) -> None:
     head, _, bundle = prompt.partition("\n\n# LLMWiki evidence bundle\n")
     assert head == f"# User question\n{QUESTION}"
     assert bundle == json.dumps(json.loads(bundle), ensure_ascii=False, separators=(",", ":"))
-    assert list(json.loads(bundle)) == ["schema", "runtimeContract", "conversationContext", "citationDigest",
-                                        "citations", "sources", "sourceFailures", "mergedGraphSummary",
-                                        "mergedCorpusSummary", "citationCount"]
+    assert list(json.loads(bundle)) == [
+        "schema",
+        "runtimeContract",
+        "conversationContext",
+        "citationDigest",
+        "citations",
+        "sources",
+        "sourceFailures",
+        "mergedGraphSummary",
+        "mergedCorpusSummary",
+        "citationCount",
+    ]
     assert '"nodes"' not in bundle and "sourceBundles" not in bundle
 
 
@@ -122,8 +159,11 @@ async def test_hybrid_falls_back_to_the_evidence_only_answer_when_the_runtime_fa
     artifact = artifact_of(outcome)
     assert outcome.status == "completed" and artifact["orchestrationMode"] == "hybrid"
     assert artifact["answer"].startswith("From 1 knowledge source(s)") and "".join(sink.deltas) == artifact["answer"]
-    assert [s["id"] for s in artifact["steps"]][-3:] == ["runtime-chat-completions", "bridge-evidence-only-fallback",
-                                                         "bridge-final-answer"]
+    assert [s["id"] for s in artifact["steps"]][-3:] == [
+        "runtime-chat-completions",
+        "bridge-evidence-only-fallback",
+        "bridge-final-answer",
+    ]
 
 
 async def test_a_hung_runtime_times_out(runtime) -> None:
@@ -183,5 +223,5 @@ def test_history_keeps_the_last_twelve_alternating_messages_cut_at_6000_chars() 
     history += [("user", "dangling"), ("user", "the question")]
     out = conversation(history, "the question")
     assert len(out) == 12 and out[0]["role"] == "user" and out[-1] == {"role": "assistant", "content": "a9"}
-    assert all(a["role"] != b["role"] for a, b in zip(out, out[1:]))
+    assert all(a["role"] != b["role"] for a, b in itertools.pairwise(out))
     assert max(len(m["content"]) for m in out) == 6000

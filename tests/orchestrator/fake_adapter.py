@@ -49,9 +49,10 @@ class FakeSession:
             await self.cancelled.wait()
             return TurnOutcome("cancelled", stop_reason="cancelled")
         if prompt == "ask":
-            option = await sink.ask_permission({"toolCallId": "t1", "title": "rm"},
-                                               [{"optionId": "yes", "kind": "allow_once"},
-                                                {"optionId": "no", "kind": "reject_once"}])
+            option = await sink.ask_permission(
+                {"toolCallId": "t1", "title": "rm"},
+                [{"optionId": "yes", "kind": "allow_once"}, {"optionId": "no", "kind": "reject_once"}],
+            )
             sink.emit(TextDelta(f"option={option}"))
             return TurnOutcome("completed", stop_reason="end_turn")
         if prompt == "model":

@@ -62,8 +62,15 @@ def test_unavailable_explicit_provider_is_not_substituted_even_with_one_provider
     assert r["unavailable"] is True
 
 
-@pytest.mark.parametrize("target,expected", [("singleAgent", "single-agent"), ("single-agent", "single-agent"),
-                                             ("agent", "single-agent"), ("multi", "single-agent")])
+@pytest.mark.parametrize(
+    "target,expected",
+    [
+        ("singleAgent", "single-agent"),
+        ("single-agent", "single-agent"),
+        ("agent", "single-agent"),
+        ("multi", "single-agent"),
+    ],
+)
 def test_explicit_execution_targets(target, expected):
     r = run("search the news", {"routingMode": "explicit", "explicitExecutionTarget": target})
     assert r["resolvedExecutionTarget"] == expected

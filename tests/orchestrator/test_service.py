@@ -173,7 +173,7 @@ async def test_permission_ask_round_trip_and_unknown_request(orch):
             while not [u for u in rec.updates if u["type"] == "permission"]:
                 await rec.got.wait()
                 rec.got = anyio.Event()
-        ask = [u for u in rec.updates if u["type"] == "permission"][0]
+        ask = next(u for u in rec.updates if u["type"] == "permission")
         assert ask["options"][0]["optionId"] == "yes" and ask["requestId"]
         with pytest.raises(InvalidParams):
             orch.permission(PermissionParams(session_id="s1", request_id=ask["requestId"], option_id="maybe"), "local")
@@ -254,8 +254,9 @@ async def test_cancel_reaches_a_turn_that_has_not_started_its_provider_turn(orch
 async def test_idle_sessions_are_evicted_to_make_room(tmp_path):
     adapters = {"fake": FakeAdapter("fake")}
     limits = Limits(max_sessions=2)
-    async with in_background(Orchestrator(ProviderRegistry(adapters, {"fake"}), [tmp_path.resolve()], limits,
-                                          Timeouts())) as o:  # fmt: skip
+    async with in_background(
+        Orchestrator(ProviderRegistry(adapters, {"fake"}), [tmp_path.resolve()], limits, Timeouts())
+    ) as o:
         for name in ("a", "b"):
             await o.run_turn(params("hi", session=name), "alice", Recorder(), start=True)
         result = await o.run_turn(params("hi", session="c"), "bob", Recorder(), start=True)
@@ -322,8 +323,11 @@ def test_update_log_replays_what_it_kept_after_the_given_seq():
     replayed: list[dict] = []
     log.subscribe(replayed.append, after_seq=3)
     log.append({"type": "done"})
-    assert replayed == [{"type": "delta", "delta": "d3", "n": {"i": 3}, "seq": 4},
-                        {"type": "delta", "delta": "d4", "n": {"i": 4}, "seq": 5}, {"type": "done", "seq": 6}]
+    assert replayed == [
+        {"type": "delta", "delta": "d3", "n": {"i": 3}, "seq": 4},
+        {"type": "delta", "delta": "d4", "n": {"i": 4}, "seq": 5},
+        {"type": "done", "seq": 6},
+    ]
 
 
 def test_update_log_keeps_the_newest_update_even_when_it_alone_exceeds_the_byte_bound():
@@ -344,6 +348,7 @@ async def test_auto_routing_passes_over_an_agent_known_to_need_authentication(tm
     adapters = {"first": FakeAdapter("first"), "second": FakeAdapter("second")}
     registry = ProviderRegistry(adapters, set(adapters))
     async with in_background(Orchestrator(registry, [tmp_path.resolve()], Limits(), Timeouts())) as orch:
+
         def resolved(routing: dict[str, Any] | None = None) -> str:
             wire = orch.resolve(ResolveParams.model_validate({"taskPrompt": "fix the bug", "routing": routing}))
             return wire["resolvedProviderId"]
@@ -403,8 +408,9 @@ async def test_a_cancel_read_while_a_turn_waits_its_pass_cancels_it(orch):
             cancels.append(loop.create_task(cancel_p3()))
 
     async def run(session: str) -> None:
-        results[session] = await orch.run_turn(params("echo hi", session=session), "local",
-                                               partial(notify, session), start=True)  # fmt: skip
+        results[session] = await orch.run_turn(
+            params("echo hi", session=session), "local", partial(notify, session), start=True
+        )
 
     async with anyio.create_task_group() as tg:
         for index in range(4):

@@ -19,24 +19,32 @@ from compat.profile_settings import parse_profile
 from compat.settings import Limits, Timeouts
 from tests.compat.conftest import RecordingSink, process_alive, wait_gone
 
-__all__ = ["RecordingSink", "ProfileFactory", "SCRIPTS", "deltas", "request", "run_turn", "pids_in", "wait_gone"]
+__all__ = ["SCRIPTS", "ProfileFactory", "RecordingSink", "deltas", "pids_in", "request", "run_turn", "wait_gone"]
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TEST_TIMEOUTS = {"turn_timeout": 60.0, "cancel_grace": 1.0}
 
 
-def request(prompt: str = "hello", *, session_id: str = "s1", thread_id: str = "t1", cwd: Path | str = "/tmp",
-            **fields: Any) -> TurnRequest:  # fmt: skip
-    return TurnRequest(session_id=session_id, thread_id=thread_id, turn_id=uuid.uuid4().hex, prompt=prompt,
-                       working_directory=str(cwd), **fields)  # fmt: skip
+def request(
+    prompt: str = "hello", *, session_id: str = "s1", thread_id: str = "t1", cwd: Path | str = "/tmp", **fields: Any
+) -> TurnRequest:
+    return TurnRequest(
+        session_id=session_id,
+        thread_id=thread_id,
+        turn_id=uuid.uuid4().hex,
+        prompt=prompt,
+        working_directory=str(cwd),
+        **fields,
+    )
 
 
 def deltas(sink: RecordingSink) -> list[str]:
     return [e.text for e in sink.events if isinstance(e, TextDelta)]
 
 
-async def run_turn(session: ProfileSession, prompt: str = "hello", sink: RecordingSink | None = None,
-                   **fields: Any) -> tuple[TurnOutcome, RecordingSink]:  # fmt: skip
+async def run_turn(
+    session: ProfileSession, prompt: str = "hello", sink: RecordingSink | None = None, **fields: Any
+) -> tuple[TurnOutcome, RecordingSink]:
     sink = sink or RecordingSink()
     with anyio.fail_after(90):
         outcome = await session.run_turn(request(prompt, **fields), sink)
@@ -66,11 +74,23 @@ class ProfileFactory:
         self.tmp_path = tmp_path
         self.adapters: list[ProfileAdapter] = []
 
-    def __call__(self, *, limits: dict[str, Any] | None = None, timeouts: dict[str, Any] | None = None,
-                 profile_dir: Path = SCRIPTS, provider_id: str = "prof", **fields: Any) -> ProfileAdapter:  # fmt: skip
+    def __call__(
+        self,
+        *,
+        limits: dict[str, Any] | None = None,
+        timeouts: dict[str, Any] | None = None,
+        profile_dir: Path = SCRIPTS,
+        provider_id: str = "prof",
+        **fields: Any,
+    ) -> ProfileAdapter:
         profile = parse_profile(f"profiles.{provider_id}", fields)
-        adapter = ProfileAdapter(provider_id, profile, Limits(**(limits or {})),
-                                 Timeouts(**{**TEST_TIMEOUTS, **(timeouts or {})}), profile_dir=profile_dir)  # fmt: skip
+        adapter = ProfileAdapter(
+            provider_id,
+            profile,
+            Limits(**(limits or {})),
+            Timeouts(**{**TEST_TIMEOUTS, **(timeouts or {})}),
+            profile_dir=profile_dir,
+        )
         self.adapters.append(adapter)
         return adapter
 

@@ -22,7 +22,8 @@ from bridge.cli import build_app
 from bridge.config import BridgeConfig, load_config
 from compat.profile_settings import tools_dir
 from orchestrator.models import SessionUpdate, TurnResult
-from tests.helpers import WsClient as Client, real_server
+from tests.helpers import WsClient as Client
+from tests.helpers import real_server
 
 from .conftest import SCRIPTS
 
@@ -46,13 +47,22 @@ def make_profile_app(config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) ->
 
 
 def base_config(tmp_path: Path, profiles: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"workspaceRoots": [str(tmp_path)], "profileDir": str(SCRIPTS), "profiles": profiles,
-            "timeouts": {"cancelGrace": 1, "turnTimeout": 30}, **extra}  # fmt: skip
+    return {
+        "workspaceRoots": [str(tmp_path)],
+        "profileDir": str(SCRIPTS),
+        "profiles": profiles,
+        "timeouts": {"cancelGrace": 1, "turnTimeout": 30},
+        **extra,
+    }
 
 
 def turn(provider: str, session: str, prompt: str, cwd: Path) -> dict[str, Any]:
-    return {"sessionId": session, "taskPrompt": prompt, "workingDirectory": str(cwd),
-            "routing": {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": provider}}
+    return {
+        "sessionId": session,
+        "taskPrompt": prompt,
+        "workingDirectory": str(cwd),
+        "routing": {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": provider},
+    }
 
 
 def children() -> list[psutil.Process]:
@@ -105,16 +115,24 @@ async def test_a_profile_turn_over_websocket_streams_and_keeps_its_session(
     await _with_client(config, app, body)
 
 
-async def test_profile_failures_are_results_with_profile_error_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    profiles = {"err": {"script": "modes.py", "env": {"PROFILE_MODE": "error"}},
-                "exit": {"script": "modes.py", "env": {"PROFILE_MODE": "exit"}},
-                "slow": {"script": "modes.py", "env": {"PROFILE_MODE": "hang"}, "timeout_secs": 1},
-                "flood": {"script": "modes.py", "env": {"PROFILE_MODE": "flood-partials"}}}  # fmt: skip
+async def test_profile_failures_are_results_with_profile_error_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profiles = {
+        "err": {"script": "modes.py", "env": {"PROFILE_MODE": "error"}},
+        "exit": {"script": "modes.py", "env": {"PROFILE_MODE": "exit"}},
+        "slow": {"script": "modes.py", "env": {"PROFILE_MODE": "hang"}, "timeout_secs": 1},
+        "flood": {"script": "modes.py", "env": {"PROFILE_MODE": "flood-partials"}},
+    }
     config, app = make_profile_app(base_config(tmp_path, profiles, limits={"maxOutputBytes": 3000}), monkeypatch)
 
     async def body(client: Client) -> None:
-        expected = {"err": ("failed", "PROFILE_ERROR"), "exit": ("failed", "PROFILE_EXIT"),
-                    "slow": ("timeout", "PROFILE_TIMEOUT"), "flood": ("failed", "OUTPUT_LIMIT")}  # fmt: skip
+        expected = {
+            "err": ("failed", "PROFILE_ERROR"),
+            "exit": ("failed", "PROFILE_EXIT"),
+            "slow": ("timeout", "PROFILE_TIMEOUT"),
+            "flood": ("failed", "OUTPUT_LIMIT"),
+        }
         for n, (provider, (status, code)) in enumerate(expected.items()):
             result = (await client.call("session.start", turn(provider, f"f-{n}", "go", tmp_path)))["result"]
             TurnResult.model_validate(result)
@@ -127,7 +145,9 @@ async def test_profile_failures_are_results_with_profile_error_codes(tmp_path: P
     await _with_client(config, app, body)
 
 
-async def test_session_cancel_over_websocket_ends_the_profile_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_session_cancel_over_websocket_ends_the_profile_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profiles = {"hang": {"script": "modes.py", "env": {"PROFILE_MODE": "hang"}}}
     config, app = make_profile_app(base_config(tmp_path, profiles), monkeypatch)
 

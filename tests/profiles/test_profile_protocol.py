@@ -29,18 +29,40 @@ from .conftest import request
 
 def test_markers_become_events_and_everything_else_is_body() -> None:
     parser = ExecLineParser()
-    lines = [b'AGENT_PARTIAL:"a\\"b"', b"AGENT_SESSION: s-1 ", b'AGENT_ERROR:"bad"', b"plain", b"",
-             b"AGENT_SESSION:s-2", b"AGENT_PARTIAL:", b"agent_partial:x"]  # fmt: skip
+    lines = [
+        b'AGENT_PARTIAL:"a\\"b"',
+        b"AGENT_SESSION: s-1 ",
+        b'AGENT_ERROR:"bad"',
+        b"plain",
+        b"",
+        b"AGENT_SESSION:s-2",
+        b"AGENT_PARTIAL:",
+        b"agent_partial:x",
+    ]
     events = [e for line in lines for e in parser.feed(line)]
-    assert events == [Partial('a"b'), SessionReport("s-1"), ProfileFailed("bad"), Body("plain"), Body(""),
-                      SessionReport("s-2"), Body("agent_partial:x")]  # an empty partial is dropped  # fmt: skip
+    assert events == [
+        Partial('a"b'),
+        SessionReport("s-1"),
+        ProfileFailed("bad"),
+        Body("plain"),
+        Body(""),
+        SessionReport("s-2"),
+        Body("agent_partial:x"),
+    ]  # an empty partial is dropped
 
 
 @pytest.mark.parametrize(
     ("payload", "text"),
-    [(b'"ok"', "ok"), (b"not json", "not json"), (b"42", "42"), (b'{"a":1}', '{"a":1}'), (b'"\xff"', '"\ufffd"'[1:-1]),
-     (b'"caf\xc3\xa9"', "café"), (b'"x" trailing', '"x" trailing')],
-)  # fmt: skip
+    [
+        (b'"ok"', "ok"),
+        (b"not json", "not json"),
+        (b"42", "42"),
+        (b'{"a":1}', '{"a":1}'),
+        (b'"\xff"', '"\ufffd"'[1:-1]),
+        (b'"caf\xc3\xa9"', "café"),
+        (b'"x" trailing', '"x" trailing'),
+    ],
+)
 def test_a_marker_payload_is_a_json_string_or_its_raw_text(payload: bytes, text: str) -> None:
     assert decode_json_text(payload) == text
 
@@ -75,8 +97,14 @@ def test_the_message_is_cut_for_the_environment_at_a_nul_or_the_size_bound() -> 
 def test_the_protocol_environment() -> None:
     env, truncated = protocol_env(request("hi", thread_id="", principal="bob"), "up-1", streaming=False)
     assert not truncated and env == {
-        "AGENT_MESSAGE": "hi", "AGENT_SESSION_ID": "up-1", "AGENT_SESSION_NAME": "default", "AGENT_FROM_USER": "bob",
-        "AGENT_CONTEXT_TOKEN": "s1", "AGENT_STREAMING": "0", "AGENT_PROTOCOL_VERSION": "0.1"}  # fmt: skip
+        "AGENT_MESSAGE": "hi",
+        "AGENT_SESSION_ID": "up-1",
+        "AGENT_SESSION_NAME": "default",
+        "AGENT_FROM_USER": "bob",
+        "AGENT_CONTEXT_TOKEN": "s1",
+        "AGENT_STREAMING": "0",
+        "AGENT_PROTOCOL_VERSION": "0.1",
+    }
     env, truncated = protocol_env(request("x" * (200 * 1024)), None, streaming=True)
     assert truncated and env["AGENT_MESSAGE_TRUNCATED"] == "1" and env["AGENT_SESSION_ID"] == ""
 
@@ -88,11 +116,21 @@ def test_placeholders_are_filled_literally() -> None:
 
 @pytest.mark.parametrize(
     ("streamed", "body", "final", "rest"),
-    [("", "body", None, "body"), ("echo: ", "echo: hi", None, "hi"), ("echo: hi", "echo: hi", None, ""),
-     ("a\n", "a", None, ""), ("progress", "answer", None, "\nanswer"), ("line\n", "answer", None, "answer"),
-     ("x", "", None, ""), ("", "", "final", "final"), ("streamed", "", "final", "")],
-)  # fmt: skip
-def test_the_reply_after_the_partials_never_repeats_them(streamed: str, body: str, final: str | None, rest: str) -> None:
+    [
+        ("", "body", None, "body"),
+        ("echo: ", "echo: hi", None, "hi"),
+        ("echo: hi", "echo: hi", None, ""),
+        ("a\n", "a", None, ""),
+        ("progress", "answer", None, "\nanswer"),
+        ("line\n", "answer", None, "answer"),
+        ("x", "", None, ""),
+        ("", "", "final", "final"),
+        ("streamed", "", "final", ""),
+    ],
+)
+def test_the_reply_after_the_partials_never_repeats_them(
+    streamed: str, body: str, final: str | None, rest: str
+) -> None:
     assert reply_rest(streamed, body, final) == rest
 
 
@@ -108,24 +146,47 @@ def test_claude_stream_json_maps_session_deltas_thoughts_tools_and_result() -> N
     events = _feed(
         parser,
         {"type": "system", "subtype": "init", "session_id": "c-1", "model": "claude-sonnet-4-6"},
-        {"type": "stream_event", "parent_tool_use_id": None,
-         "event": {"type": "content_block_delta", "delta": {"type": "thinking_delta", "thinking": "hmm"}}},
-        {"type": "stream_event", "parent_tool_use_id": None,
-         "event": {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}}},
-        {"type": "stream_event", "parent_tool_use_id": "toolu_x",
-         "event": {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "subagent"}}},
-        {"type": "assistant", "parent_tool_use_id": None,
-         "message": {"content": [{"type": "text", "text": "Hi"}, {"type": "tool_use", "id": "t1", "name": "Read"}]}},
+        {
+            "type": "stream_event",
+            "parent_tool_use_id": None,
+            "event": {"type": "content_block_delta", "delta": {"type": "thinking_delta", "thinking": "hmm"}},
+        },
+        {
+            "type": "stream_event",
+            "parent_tool_use_id": None,
+            "event": {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}},
+        },
+        {
+            "type": "stream_event",
+            "parent_tool_use_id": "toolu_x",
+            "event": {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "subagent"}},
+        },
+        {
+            "type": "assistant",
+            "parent_tool_use_id": None,
+            "message": {"content": [{"type": "text", "text": "Hi"}, {"type": "tool_use", "id": "t1", "name": "Read"}]},
+        },
         {"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": True}]}},
-        {"type": "result", "subtype": "success", "result": "Hi", "session_id": "c-1", "total_cost_usd": 0.5,
-         "usage": {"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 1}},
-    )  # fmt: skip
+        {
+            "type": "result",
+            "subtype": "success",
+            "result": "Hi",
+            "session_id": "c-1",
+            "total_cost_usd": 0.5,
+            "usage": {"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 1},
+        },
+    )
     assert events[:3] == [SessionReport("c-1"), ThoughtDelta("hmm"), Partial("Hi")]
     tool, done = events[3], events[4]
     assert isinstance(tool, ToolCallEvent) and tool.tool_call["title"] == "Read" and not tool.is_update
     assert isinstance(done, ToolCallEvent) and done.is_update and done.tool_call["status"] == "failed"
-    usage = {"inputTokens": 3, "outputTokens": 2, "cachedReadTokens": 1, "totalTokens": 5,
-             "cost": {"amount": 0.5, "currency": "USD"}}  # fmt: skip
+    usage = {
+        "inputTokens": 3,
+        "outputTokens": 2,
+        "cachedReadTokens": 1,
+        "totalTokens": 5,
+        "cost": {"amount": 0.5, "currency": "USD"},
+    }
     assert events[5:] == [SessionReport("c-1"), UsageEvent(usage), Body("Hi", final=True)]
     assert parser.model == "claude-sonnet-4-6" and parser.usage == usage
 

@@ -40,7 +40,9 @@ def _require(runtime: str) -> str:
 
 
 @pytest.mark.parametrize("runtime", PRESENT)
-async def test_streaming_profile_sends_partials_live_and_tracks_its_session(runtime: str, make_profile: ProfileFactory) -> None:
+async def test_streaming_profile_sends_partials_live_and_tracks_its_session(
+    runtime: str, make_profile: ProfileFactory
+) -> None:
     script, first_id, _ = RUNTIMES[runtime]
     _require(runtime)
     adapter = make_profile(script=script)
@@ -62,7 +64,9 @@ async def test_streaming_profile_sends_partials_live_and_tracks_its_session(runt
 
 
 @pytest.mark.parametrize("runtime", PRESENT)
-async def test_non_streaming_profile_drops_partials_and_sends_the_body_once(runtime: str, make_profile: ProfileFactory) -> None:
+async def test_non_streaming_profile_drops_partials_and_sends_the_body_once(
+    runtime: str, make_profile: ProfileFactory
+) -> None:
     _require(runtime)
     session = make_profile(script=RUNTIMES[runtime][0], streaming=False).open_session("s1")
     outcome, sink = await run_turn(session, "quiet")

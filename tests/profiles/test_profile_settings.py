@@ -35,10 +35,20 @@ def test_defaults_follow_the_ilink_profile_spec() -> None:
 
 
 def test_an_ilink_hub_profile_with_every_profile_key_is_accepted() -> None:
-    raw = {"script": "bot.py", "stdin": "message", "timeout_secs": 600, "max_reply_chars": 4000,
-           "truncation_suffix": "\n\n…(truncated)", "include_stderr_in_reply": True, "streaming": False,
-           "cli_session_first_line_prefix": "AGENT_SESSION:", "description": "Replies from bot.py",
-           "env": {"A": "1"}, "args": [], "cwd": "."}  # fmt: skip
+    raw = {
+        "script": "bot.py",
+        "stdin": "message",
+        "timeout_secs": 600,
+        "max_reply_chars": 4000,
+        "truncation_suffix": "\n\n…(truncated)",
+        "include_stderr_in_reply": True,
+        "streaming": False,
+        "cli_session_first_line_prefix": "AGENT_SESSION:",
+        "description": "Replies from bot.py",
+        "env": {"A": "1"},
+        "args": [],
+        "cwd": ".",
+    }
     profile = parse_profile("profiles.bot", raw)
     assert (profile.description, profile.max_reply_chars, profile.timeout_secs) == ("Replies from bot.py", 4000, 600)
     assert _error({"script": "a.py", "max_reply_chars": 0}).startswith("profiles.bot.max_reply_chars: ")
@@ -59,19 +69,25 @@ def test_an_ilink_hub_profile_with_every_profile_key_is_accepted() -> None:
         ({"timeout_secs": 5}, "profiles.bot: one of script or command is required"),
         ({"command": "bash", "args": ["-c", "echo {{MESSAGE}}"]}, "profiles.bot: {{MESSAGE}} in args"),
         ({"command": "/bin/sh -ec", "args": ["run {{MESSAGE}}"]}, "profiles.bot: {{MESSAGE}} in args"),
-        ({"script": "a.py", "env": {"K": "${PROFILE_TEST_UNSET_VAR}"}},
-         "profiles.bot.env: environment variable ${PROFILE_TEST_UNSET_VAR} is not set"),
+        (
+            {"script": "a.py", "env": {"K": "${PROFILE_TEST_UNSET_VAR}"}},
+            "profiles.bot.env: environment variable ${PROFILE_TEST_UNSET_VAR} is not set",
+        ),
         ("just a string", "profiles.bot: "),
     ],
-)  # fmt: skip
+)
 def test_an_invalid_profile_is_reported_with_its_profile_and_key(raw: object, expected: str) -> None:
     assert _error(raw).startswith(expected)
 
 
 def test_variables_are_expanded_and_the_message_may_go_to_a_script_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROFILE_TEST_KEY", "k-123")
-    raw = {"command": "bash", "args": ["run.sh", "{{MESSAGE}}"], "env": {"KEY": "${PROFILE_TEST_KEY}"},
-           "maxConcurrent": 2}  # camelCase is accepted too  # fmt: skip
+    raw = {
+        "command": "bash",
+        "args": ["run.sh", "{{MESSAGE}}"],
+        "env": {"KEY": "${PROFILE_TEST_KEY}"},
+        "maxConcurrent": 2,
+    }  # camelCase is accepted too
     profile = parse_profile("profiles.bot", raw)
     assert profile.env == {"KEY": "k-123"} and profile.max_concurrent == 2 and profile.args == ["run.sh", "{{MESSAGE}}"]
     # a value is expanded once: a variable's own ${...} text stays as it is
@@ -114,9 +130,17 @@ def test_loading_checks_the_script_and_the_runtime(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("script", "runtime"),
-    [("echo.py", "python3"), ("echo.js", "node"), ("echo.sh", "bash"), ("x.mjs", "node"), ("x.cjs", "node"),
-     ("x.bash", "bash"), ("x.rb", "ruby"), ("x.ts", "tsx")],
-)  # fmt: skip
+    [
+        ("echo.py", "python3"),
+        ("echo.js", "node"),
+        ("echo.sh", "bash"),
+        ("x.mjs", "node"),
+        ("x.cjs", "node"),
+        ("x.bash", "bash"),
+        ("x.rb", "ruby"),
+        ("x.ts", "tsx"),
+    ],
+)
 def test_the_runtime_comes_from_the_script_extension(script: str, runtime: str, tmp_path: Path) -> None:
     (tmp_path / script).write_text("")
     profile = ProfileConfig(script=script)
@@ -138,7 +162,9 @@ def test_a_runtime_that_is_not_installed_is_named(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("XWORKMATE_TOOLS_DIR", str(empty))
     with pytest.raises(ProfileConfigError, match=r"^profiles\.bot\.script: runtime 'ruby' is not installed"):
         parse_profiles({"bot": {"script": "bot.rb"}}, None, profile_dir=tmp_path)
-    with pytest.raises(ProfileConfigError, match=r"runtime 'tsx' is not installed \(run scripts/install-profile-tools\.sh\)"):
+    with pytest.raises(
+        ProfileConfigError, match=r"runtime 'tsx' is not installed \(run scripts/install-profile-tools\.sh\)"
+    ):
         parse_profiles({"bot": {"script": "bot.ts"}}, None, profile_dir=tmp_path)
 
 

@@ -76,8 +76,13 @@ async def test_the_agentproc_bundled_echo_agent_profile_runs_unchanged() -> None
     profile_dir = next(site.glob("python*/site-packages/agentproc/hub_data/echo-agent"))
     block = yaml.safe_load((profile_dir / "profile.yaml").read_text())["agentproc"]
     assert block["command"] == "python3 {{PROFILE_DIR}}/bridge.py"
-    adapter = ProfileAdapter("echo-agent", parse_profile("profiles.echo-agent", block), Limits(), Timeouts(**TEST_TIMEOUTS),
-                             profile_dir=profile_dir)  # fmt: skip
+    adapter = ProfileAdapter(
+        "echo-agent",
+        parse_profile("profiles.echo-agent", block),
+        Limits(),
+        Timeouts(**TEST_TIMEOUTS),
+        profile_dir=profile_dir,
+    )
     try:
         outcome, sink = await run_turn(adapter.open_session("s1"), "hi")
     finally:
@@ -94,8 +99,14 @@ async def test_hermes_one_shot_as_a_command_profile_answers(fake_llm: FakeLLM, t
         pytest.fail("hermes-agent 0.19.0 is not installed: run `make agents`")
     fake_llm.set_reply(chunks=CHUNKS, delay=0.02)
     recipe = agents.hermes_recipe(fake_llm.base_url, tmp_path)
-    profile = ProfileConfig(command=recipe["command"], args=["-z", "{{MESSAGE}}"], env=recipe["env"],
-                            cwd=recipe["cwd"], timeout_secs=90, label="Hermes one-shot")  # fmt: skip
+    profile = ProfileConfig(
+        command=recipe["command"],
+        args=["-z", "{{MESSAGE}}"],
+        env=recipe["env"],
+        cwd=recipe["cwd"],
+        timeout_secs=90,
+        label="Hermes one-shot",
+    )
     adapter = ProfileAdapter("hermes-z", profile, Limits(), Timeouts(**TEST_TIMEOUTS), profile_dir=tmp_path)
     try:
         outcome, sink = await run_turn(adapter.open_session("s1"), "Say hello from the profile")
@@ -114,7 +125,9 @@ def _claude_profile(fake: FakeLLM, tmp_path: Path, **fields: object) -> tuple[Pr
     if not agents.installed("claude") or find_claude_cli() is None:
         pytest.fail("claude-agent-acp 0.23.1 is not installed: run `make agents`")
     recipe = agents.claude_recipe(fake.base_url, tmp_path)
-    profile = parse_profile("profiles.claude-print", {"type": "claude-code", "env": recipe["env"], "timeout_secs": 90, **fields})
+    profile = parse_profile(
+        "profiles.claude-print", {"type": "claude-code", "env": recipe["env"], "timeout_secs": 90, **fields}
+    )
     adapter = ProfileAdapter("claude-print", profile, Limits(), Timeouts(**TEST_TIMEOUTS), profile_dir=tmp_path)
     return adapter, recipe
 
@@ -124,8 +137,15 @@ def test_claude_code_runs_the_bundled_cli_in_print_mode_and_resumes(fake_llm: Fa
     adapter, _ = _claude_profile(fake_llm, tmp_path)
     first = adapter.launch(request("hi", model="claude-sonnet-4-6"), None)
     assert first.argv[0].endswith("node") and first.argv[1] == find_claude_cli()
-    assert first.argv[2:] == ["-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages",
-                              "--model", "claude-sonnet-4-6"]  # fmt: skip
+    assert first.argv[2:] == [
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--include-partial-messages",
+        "--model",
+        "claude-sonnet-4-6",
+    ]
     assert first.stdin == b"hi" and "AGENT_MESSAGE" not in first.env
     later = adapter.launch(request("more"), "sess-1")
     assert later.argv[-2:] == ["--resume", "sess-1"]
@@ -209,8 +229,10 @@ async def test_an_ilink_profile_file_loads_and_runs_unchanged(tmp_path: Path, mo
     (tmp_path / "ilink-hub-bridge.yaml").write_text(ILINK_FILE)
     data = yaml.safe_load((tmp_path / "ilink-hub-bridge.yaml").read_text())
     profiles, _ = parse_profiles(data["profiles"], None, profile_dir=tmp_path)
-    adapters = {pid: ProfileAdapter(pid, p, Limits(), Timeouts(**TEST_TIMEOUTS), profile_dir=tmp_path)
-                for pid, p in profiles.items()}  # fmt: skip
+    adapters = {
+        pid: ProfileAdapter(pid, p, Limits(), Timeouts(**TEST_TIMEOUTS), profile_dir=tmp_path)
+        for pid, p in profiles.items()
+    }
     try:
         helper = adapters["helper"].open_session("s1")
         outcome, sink = await run_turn(helper, "multi\nline", thread_id="chat-7")
@@ -232,6 +254,22 @@ async def test_an_ilink_profile_file_loads_and_runs_unchanged(tmp_path: Path, mo
 
 def test_ilink_profile_keys_are_the_ilink_names() -> None:
     fields = {f.encode_name for f in msgspec.structs.fields(ProfileConfig)}  # the keys a file uses
-    assert {"script", "command", "args", "cwd", "env", "timeout_secs", "streaming", "stdin", "send_error_reply",
-            "include_stderr_in_reply", "cli_session_first_line_prefix", "label", "type", "max_concurrent",
-            "description", "max_reply_chars", "truncation_suffix"} == fields
+    assert {
+        "script",
+        "command",
+        "args",
+        "cwd",
+        "env",
+        "timeout_secs",
+        "streaming",
+        "stdin",
+        "send_error_reply",
+        "include_stderr_in_reply",
+        "cli_session_first_line_prefix",
+        "label",
+        "type",
+        "max_concurrent",
+        "description",
+        "max_reply_chars",
+        "truncation_suffix",
+    } == fields

@@ -35,15 +35,23 @@ async def test_profile_gets_the_protocol_environment_and_only_allowed_variables(
     monkeypatch.setenv("BRIDGE_AUTH_TOKEN", "bridge-secret-token")
     monkeypatch.setenv("SECRET_OF_PARENT", "not-allow-listed")
     session = make_profile.modes("env", env={"GREETING": "hi there"}).open_session("ctx-1")
-    outcome, sink = await run_turn(session, "what's up?", session_id="ctx-1", thread_id="thread-9",
-                                   principal="alice", cwd=tmp_path)  # fmt: skip
+    outcome, sink = await run_turn(
+        session, "what's up?", session_id="ctx-1", thread_id="thread-9", principal="alice", cwd=tmp_path
+    )
     assert outcome.status == "completed"
     env = _body(sink)
     assert env == {
-        "AGENT_MESSAGE": "what's up?", "AGENT_SESSION_ID": "", "AGENT_SESSION_NAME": "thread-9",
-        "AGENT_FROM_USER": "alice", "AGENT_CONTEXT_TOKEN": "ctx-1", "AGENT_STREAMING": "1",
-        "AGENT_PROTOCOL_VERSION": "0.1", "GREETING": "hi there", "argv": [], "cwd": str(tmp_path),
-    }  # fmt: skip
+        "AGENT_MESSAGE": "what's up?",
+        "AGENT_SESSION_ID": "",
+        "AGENT_SESSION_NAME": "thread-9",
+        "AGENT_FROM_USER": "alice",
+        "AGENT_CONTEXT_TOKEN": "ctx-1",
+        "AGENT_STREAMING": "1",
+        "AGENT_PROTOCOL_VERSION": "0.1",
+        "GREETING": "hi there",
+        "argv": [],
+        "cwd": str(tmp_path),
+    }
 
 
 async def test_streaming_off_is_announced_and_an_empty_thread_is_named_default(make_profile: ProfileFactory) -> None:
@@ -59,9 +67,11 @@ async def test_args_placeholders_and_variables_are_filled(
 ) -> None:
     monkeypatch.setenv("PROFILE_TEST_FLAG", "--flag-from-env")
     adapter = make_profile.modes(
-        "env", args=["{{MESSAGE}}", "{{SESSION_ID}}", "{{SESSION_NAME}}", "{{PROFILE_DIR}}", "${PROFILE_TEST_FLAG}"],
-        cwd="{{PROFILE_DIR}}", profile_dir=tmp_path,
-    )  # fmt: skip
+        "env",
+        args=["{{MESSAGE}}", "{{SESSION_ID}}", "{{SESSION_NAME}}", "{{PROFILE_DIR}}", "${PROFILE_TEST_FLAG}"],
+        cwd="{{PROFILE_DIR}}",
+        profile_dir=tmp_path,
+    )
     (tmp_path / "modes.py").write_bytes((Path(__file__).parent / "scripts" / "modes.py").read_bytes())
     outcome, sink = await run_turn(adapter.open_session("s1"), "a message; $(rm -rf /)", thread_id="th")
     env = _body(sink)
@@ -164,7 +174,9 @@ async def test_timeout_ends_the_whole_process_tree_and_keeps_the_streamed_output
     await wait_gone(pids)
 
 
-async def test_cancel_ends_the_process_group_and_the_turn_is_cancelled(make_profile: ProfileFactory, tmp_path: Path) -> None:
+async def test_cancel_ends_the_process_group_and_the_turn_is_cancelled(
+    make_profile: ProfileFactory, tmp_path: Path
+) -> None:
     session = make_profile.modes("hang").open_session("s1")
     turn = Turn(session)
     async with anyio.create_task_group() as tg:
@@ -283,8 +295,12 @@ async def test_a_body_that_differs_from_the_partials_follows_them_on_a_new_line(
     assert deltas(sink) == ["progress...", "\nfinal answer"]
 
 
-async def test_cli_session_first_line_prefix_takes_the_session_from_the_first_line(make_profile: ProfileFactory) -> None:
-    outcome, sink = await run_turn(make_profile.modes("session-prefix", cli_session_first_line_prefix="SESSION=").open_session("s1"))
+async def test_cli_session_first_line_prefix_takes_the_session_from_the_first_line(
+    make_profile: ProfileFactory,
+) -> None:
+    outcome, sink = await run_turn(
+        make_profile.modes("session-prefix", cli_session_first_line_prefix="SESSION=").open_session("s1")
+    )
     assert outcome.upstream_session_id == "abc-123" and "".join(deltas(sink)) == "the reply"
     outcome, sink = await run_turn(make_profile.modes("session-prefix").open_session("s2"))
     assert outcome.upstream_session_id is None and "".join(deltas(sink)) == "SESSION=abc-123\nthe reply"
@@ -344,7 +360,9 @@ async def test_profile_env_cannot_hand_out_the_bridge_token_and_plain_values_sta
 ) -> None:
     from bridge.rpc.redact import redact
 
-    session = make_profile.modes("env", env={"BRIDGE_AUTH_TOKEN": "leak-attempt", "GREETING": "plainword"}).open_session("s1")
+    session = make_profile.modes(
+        "env", env={"BRIDGE_AUTH_TOKEN": "leak-attempt", "GREETING": "plainword"}
+    ).open_session("s1")
     outcome, sink = await run_turn(session)
     env = _body(sink)
     assert "BRIDGE_AUTH_TOKEN" not in env and env["GREETING"] == "plainword"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import posixpath
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
@@ -66,8 +67,15 @@ def build_graph(pages: list[Page]) -> WikiGraph:
             resolved = resolve_link(target, page.id, ids, stems)
             if resolved is None:
                 node_id = f"placeholder:{target.strip()}"
-                graph.add_node({"id": node_id, "label": target.strip(), "kind": "placeholder", "path": page.path,
-                                "metadata": {"unresolved": True}})  # fmt: skip
+                graph.add_node(
+                    {
+                        "id": node_id,
+                        "label": target.strip(),
+                        "kind": "placeholder",
+                        "path": page.path,
+                        "metadata": {"unresolved": True},
+                    }
+                )
                 graph.add_edge(f"page:{page.id}", node_id, "links_to", unresolved=True)
             elif resolved != page.id:
                 graph.add_edge(f"page:{page.id}", f"page:{resolved}", "links_to")

@@ -35,8 +35,52 @@ _MDLINK = re.compile(r"\]\(([^)\s]+?\.md)(?:#[^)]*)?\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.MULTILINE)
 _TAG = re.compile(r"(?<![\w#&/])#([A-Za-z][\w-]{0,63})")
 _WORD = re.compile(r"\w+")
-STOPWORDS = frozenset("""a an and are as at be by can do does for from has have how i in is it me my of on or
-should so that the this to was what when where which who why will with you your""".split())
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "can",
+        "do",
+        "does",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "i",
+        "in",
+        "is",
+        "it",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "should",
+        "so",
+        "that",
+        "the",
+        "this",
+        "to",
+        "was",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    ]
+)
 _SCHEMA = """
 CREATE TABLE pages (id TEXT PRIMARY KEY, path TEXT, title TEXT, summary TEXT, meta TEXT, body TEXT,
                     links TEXT, tags TEXT, headings TEXT, role TEXT, draft INTEGER, mtime_ns INTEGER, size INTEGER);
@@ -110,8 +154,19 @@ def parse_page(rel_path: str, text: str) -> Page:
     tags = tuple(dict.fromkeys([*tags, *(m.group(1) for m in _TAG.finditer(body))]))
     state = str(meta.get("review_state") or meta.get("state") or "").lower()
     role = {"index": "index", "hot": "hot"}.get(page_id, "topic")
-    return Page(page_id, rel_path, title, summary, meta, body, links, tags, headings, role,
-                meta.get("draft") is True or state == "draft")  # fmt: skip
+    return Page(
+        page_id,
+        rel_path,
+        title,
+        summary,
+        meta,
+        body,
+        links,
+        tags,
+        headings,
+        role,
+        meta.get("draft") is True or state == "draft",
+    )
 
 
 def fts_terms(text: str, limit: int = 16) -> list[str]:
@@ -254,13 +309,27 @@ class WikiIndex:
         self._delete(rel)
         row = self._db.execute(
             "INSERT OR REPLACE INTO pages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (page.id, rel, page.title, page.summary, json.dumps(page.front_matter, ensure_ascii=False), page.body,
-             json.dumps(page.links), json.dumps(page.tags), json.dumps(page.headings), page.role, int(page.draft),
-             stat.st_mtime_ns, stat.st_size),
-        )  # fmt: skip
+            (
+                page.id,
+                rel,
+                page.title,
+                page.summary,
+                json.dumps(page.front_matter, ensure_ascii=False),
+                page.body,
+                json.dumps(page.links),
+                json.dumps(page.tags),
+                json.dumps(page.headings),
+                page.role,
+                int(page.draft),
+                stat.st_mtime_ns,
+                stat.st_size,
+            ),
+        )
         if not page.draft:
-            self._db.execute("INSERT INTO pages_fts (rowid, id, title, body) VALUES (?,?,?,?)",
-                             (row.lastrowid, page.id, page.title, page.body))  # fmt: skip
+            self._db.execute(
+                "INSERT INTO pages_fts (rowid, id, title, body) VALUES (?,?,?,?)",
+                (row.lastrowid, page.id, page.title, page.body),
+            )
 
     def _read(self, rel: str, scanned: os.stat_result) -> str | None:
         """The text of the file the scan saw, or None when it is gone or is another file now.
@@ -288,14 +357,26 @@ class WikiIndex:
 
     def _page(self, row: tuple[Any, ...]) -> Page:
         pid, path, title, summary, meta, body, links, tags, headings, role, draft = row[:11]
-        return Page(pid, path, title, summary, json.loads(meta), body, tuple(json.loads(links)),
-                    tuple(json.loads(tags)), tuple(json.loads(headings)), role, bool(draft))  # fmt: skip
+        return Page(
+            pid,
+            path,
+            title,
+            summary,
+            json.loads(meta),
+            body,
+            tuple(json.loads(links)),
+            tuple(json.loads(tags)),
+            tuple(json.loads(headings)),
+            role,
+            bool(draft),
+        )
 
     def get(self, page_id: str) -> Page | None:
         """A servable page by id or relative path (drafts are withheld)."""
         with self._lock:
-            row = self._db.execute("SELECT * FROM pages WHERE (id = ? OR path = ?) AND draft = 0",
-                                   (page_id, page_id)).fetchone()  # fmt: skip
+            row = self._db.execute(
+                "SELECT * FROM pages WHERE (id = ? OR path = ?) AND draft = 0", (page_id, page_id)
+            ).fetchone()
         return self._page(row) if row else None
 
     def pages(self) -> list[Page]:
@@ -312,8 +393,10 @@ class WikiIndex:
 
     def search(self, match: str, limit: int, snippet_tokens: int = 32) -> list[tuple[str, float, str]]:
         """``[(page_id, score, snippet)]`` best first; score is ``-bm25`` (higher is better)."""
-        sql = ("SELECT id, bm25(pages_fts, 0.0, 5.0, 1.0) AS rank, snippet(pages_fts, 2, '', '', '…', ?) "
-               "FROM pages_fts WHERE pages_fts MATCH ? ORDER BY rank LIMIT ?")  # fmt: skip
+        sql = (
+            "SELECT id, bm25(pages_fts, 0.0, 5.0, 1.0) AS rank, snippet(pages_fts, 2, '', '', '…', ?) "
+            "FROM pages_fts WHERE pages_fts MATCH ? ORDER BY rank LIMIT ?"
+        )
         with self._lock:
             try:
                 rows = self._db.execute(sql, (max(1, min(64, snippet_tokens)), match, limit)).fetchall()

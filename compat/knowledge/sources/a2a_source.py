@@ -25,8 +25,11 @@ import msgspec
 from compat.knowledge.errors import SourceError, SourceUnsupported
 from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.sources.base import (
-    Capabilities, RoutedRetrieval, capabilities_from, fallback_capabilities,
-)  # fmt: skip
+    Capabilities,
+    RoutedRetrieval,
+    capabilities_from,
+    fallback_capabilities,
+)
 from compat.knowledge.sources.http import http_client, request_json
 
 CARD_PATH = "/.well-known/agent-card.json"
@@ -123,8 +126,9 @@ class A2aSource:
         from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
         from google.protobuf.json_format import MessageToDict
 
-        message = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()),
-                          parts=[Part(text=question), new_data_part(data)])  # fmt: skip
+        message = Message(
+            role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=[Part(text=question), new_data_part(data)]
+        )
         events: list[dict[str, Any]] = []
         try:
             with anyio.fail_after(self._timeout):

@@ -22,8 +22,9 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 RETRIEVAL_V1 = "llmwiki_retrieval_v1"
 GUIDED_LEXICAL_V1 = "llmwiki_agent_guided_lexical_v1"
 MODE_PREFIX = "llmwiki_search_mode_"
-KNOWN_CAPABILITIES = frozenset({RETRIEVAL_V1, GUIDED_LEXICAL_V1} | {
-    MODE_PREFIX + m for m in ("lexical", "literal", "vector", "hybrid")})  # fmt: skip
+KNOWN_CAPABILITIES = frozenset(
+    {RETRIEVAL_V1, GUIDED_LEXICAL_V1} | {MODE_PREFIX + m for m in ("lexical", "literal", "vector", "hybrid")}
+)
 PAGE_LIST_LIMIT = 2000
 
 
@@ -57,9 +58,12 @@ class RoutedRetrieval(msgspec.Struct, frozen=True):
         if self.mode is None:
             return body
         body["mode"] = self.mode
-        optional = {"snippet_chars": self.snippet_chars, "fields": list(self.fields) if self.fields else None,
-                    "exclude_page_ids": list(self.exclude_page_ids) or None,
-                    "query_variants": list(self.query_variants) or None}  # fmt: skip
+        optional = {
+            "snippet_chars": self.snippet_chars,
+            "fields": list(self.fields) if self.fields else None,
+            "exclude_page_ids": list(self.exclude_page_ids) or None,
+            "query_variants": list(self.query_variants) or None,
+        }
         body.update({k: v for k, v in optional.items() if v is not None})
         return body
 
@@ -76,8 +80,12 @@ class RoutedRetrieval(msgspec.Struct, frozen=True):
             search["excludePageIds"] = list(self.exclude_page_ids)
         if self.query_variants:
             search["queryVariants"] = list(self.query_variants)
-        return {"schemaVersion": "llmwiki.retrieval.v1", "searchMode": self.mode, "fallback": "lexical",
-                "search": search}  # fmt: skip
+        return {
+            "schemaVersion": "llmwiki.retrieval.v1",
+            "searchMode": self.mode,
+            "fallback": "lexical",
+            "search": search,
+        }
 
 
 class KnowledgeSource(Protocol):

@@ -19,9 +19,12 @@ from compat.knowledge.sources.base import MAX_RESPONSE_BYTES
 
 def http_client(timeout_s: float) -> httpx.AsyncClient:
     """An httpx client for one source: redirects are never followed, every phase is bounded."""
-    return httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(timeout_s),
-                             limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
-                             headers={"accept": "application/json"})  # fmt: skip
+    return httpx.AsyncClient(
+        follow_redirects=False,
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
+        headers={"accept": "application/json"},
+    )
 
 
 async def request_json(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> Any:
@@ -34,8 +37,9 @@ async def request_json(client: httpx.AsyncClient, method: str, url: str, **kwarg
     try:
         async with client.stream(method, url, **kwargs) as response:
             if not 200 <= response.status_code < 300:
-                raise SourceError("http_status", f"returned HTTP {response.status_code}",
-                                  http_status=response.status_code)  # fmt: skip
+                raise SourceError(
+                    "http_status", f"returned HTTP {response.status_code}", http_status=response.status_code
+                )
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk

@@ -16,12 +16,28 @@ from urllib.parse import quote
 from compat.knowledge.errors import SourceError
 from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.sources.base import (
-    PAGE_LIST_LIMIT, Capabilities, RoutedRetrieval, capabilities_from, fallback_capabilities,
-)  # fmt: skip
+    PAGE_LIST_LIMIT,
+    Capabilities,
+    RoutedRetrieval,
+    capabilities_from,
+    fallback_capabilities,
+)
 from compat.knowledge.sources.http import http_client, request_json
 
-_BUNDLE_KEYS = ("source_id", "bundle_id", "public_uri", "projection", "raw_origins", "source_refs", "capabilities",
-                "adapter", "implementation", "page_count", "approved_page_count", "title")  # fmt: skip
+_BUNDLE_KEYS = (
+    "source_id",
+    "bundle_id",
+    "public_uri",
+    "projection",
+    "raw_origins",
+    "source_refs",
+    "capabilities",
+    "adapter",
+    "implementation",
+    "page_count",
+    "approved_page_count",
+    "title",
+)
 PAGE_KINDS = ("topic", "hot", "index", "overview")
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -28,11 +29,20 @@ from compat.knowledge.sources.base import Capabilities, RoutedRetrieval
 T = TypeVar("T")
 CONTEXT_GRAPH_LIMIT = 120
 DEFAULT_SNIPPET_CHARS = 320
-CAPABILITIES = frozenset({
-    "llmwiki_source_bundle", "llmwiki_context", "llmwiki_search", "llmwiki_read", "llmwiki_graph",
-    "llmwiki_graph_neighbors", "llmwiki_retrieval_v1", "llmwiki_agent_guided_lexical_v1",
-    "llmwiki_search_mode_lexical", "llmwiki_search_mode_literal",
-})  # fmt: skip
+CAPABILITIES = frozenset(
+    {
+        "llmwiki_source_bundle",
+        "llmwiki_context",
+        "llmwiki_search",
+        "llmwiki_read",
+        "llmwiki_graph",
+        "llmwiki_graph_neighbors",
+        "llmwiki_retrieval_v1",
+        "llmwiki_agent_guided_lexical_v1",
+        "llmwiki_search_mode_lexical",
+        "llmwiki_search_mode_literal",
+    }
+)
 
 
 def _source_refs(page: Page) -> list[str]:
@@ -41,8 +51,16 @@ def _source_refs(page: Page) -> list[str]:
 
 
 def _hit(page: Page, score: float, snippet: str, route: str) -> dict[str, Any]:
-    return {"page_id": page.id, "title": page.title, "path": page.path, "score": score, "snippet": snippet,
-            "role": page.role, "source_refs": _source_refs(page), "route": route}  # fmt: skip
+    return {
+        "page_id": page.id,
+        "title": page.title,
+        "path": page.path,
+        "score": score,
+        "snippet": snippet,
+        "role": page.role,
+        "source_refs": _source_refs(page),
+        "route": route,
+    }
 
 
 class LocalWikiSource:
@@ -96,13 +114,23 @@ class LocalWikiSource:
         digest = hashlib.sha256("\n".join(f"{p.id}\0{p.title}\0{len(p.body)}" for p in pages).encode()).hexdigest()
         title, description = self._title(pages)
         return {
-            "source_id": self.descriptor.id, "bundle_id": f"{self.descriptor.id}:sha256:{digest[:12]}",
-            "title": title, "description": description, "adapter": "local-wiki", "implementation": "xworkmate-bridge",
-            "projection": {"signature": f"sha256:{digest}", "page_count": total, "approved_page_count": servable,
-                           "graph_node_count": len(graph.nodes), "graph_edge_count": len(graph.edges)},
+            "source_id": self.descriptor.id,
+            "bundle_id": f"{self.descriptor.id}:sha256:{digest[:12]}",
+            "title": title,
+            "description": description,
+            "adapter": "local-wiki",
+            "implementation": "xworkmate-bridge",
+            "projection": {
+                "signature": f"sha256:{digest}",
+                "page_count": total,
+                "approved_page_count": servable,
+                "graph_node_count": len(graph.nodes),
+                "graph_edge_count": len(graph.edges),
+            },
             "raw_origins": {"enabled": False, "metadata_only": True, "public_root_labels": []},
-            "capabilities": sorted(CAPABILITIES), "source_refs": [],
-        }  # fmt: skip
+            "capabilities": sorted(CAPABILITIES),
+            "source_refs": [],
+        }
 
     async def source_bundle(self) -> dict[str, Any] | None:
         return await self._call(self._bundle)
@@ -149,11 +177,19 @@ class LocalWikiSource:
         seeds = [f"page:{e['page_id']}" for e in evidence if "page_id" in e]
         near = neighborhood(graph, seeds, 1, "both", CONTEXT_GRAPH_LIMIT) if seeds else {"nodes": [], "edges": []}
         return {
-            "query": question, "wiki_title": title, "description": description, "adapter": "local-wiki",
-            "implementation": "xworkmate-bridge", "page_count": total, "approved_page_count": servable,
-            "answerable": bool(evidence), "orientation": orientation, "evidence": evidence,
-            "limitations": limitations, "graph": {"nodes": near["nodes"], "edges": near["edges"]},
-        }  # fmt: skip
+            "query": question,
+            "wiki_title": title,
+            "description": description,
+            "adapter": "local-wiki",
+            "implementation": "xworkmate-bridge",
+            "page_count": total,
+            "approved_page_count": servable,
+            "answerable": bool(evidence),
+            "orientation": orientation,
+            "evidence": evidence,
+            "limitations": limitations,
+            "graph": {"nodes": near["nodes"], "edges": near["edges"]},
+        }
 
     async def context(self, question: str, routed: RoutedRetrieval) -> dict[str, Any]:
         return await self._call(self._context, question, routed)
@@ -164,15 +200,28 @@ class LocalWikiSource:
         page = self._index.get(page_id.strip("/"))
         if page is None:
             return None
-        pages, graph = self._snapshot()
+        _pages, graph = self._snapshot()
         own = f"page:{page.id}"
-        links = [e["target"][5:] for e in graph.edges
-                 if e["source"] == own and e["relation"] == "links_to" and e["target"].startswith("page:")]
+        links = [
+            e["target"][5:]
+            for e in graph.edges
+            if e["source"] == own and e["relation"] == "links_to" and e["target"].startswith("page:")
+        ]
         text, max_chars = page.body, options.get("max_chars")
-        out = {"id": page.id, "title": page.title, "path": page.path, "role": page.role, "text": text,
-               "summary": page.summary, "frontmatter": page.front_matter, "links": links, "tags": list(page.tags),
-               "headings": list(page.headings), "source_refs": _source_refs(page),
-               "review_state": str(page.front_matter.get("review_state") or "unknown")}  # fmt: skip
+        out = {
+            "id": page.id,
+            "title": page.title,
+            "path": page.path,
+            "role": page.role,
+            "text": text,
+            "summary": page.summary,
+            "frontmatter": page.front_matter,
+            "links": links,
+            "tags": list(page.tags),
+            "headings": list(page.headings),
+            "source_refs": _source_refs(page),
+            "review_state": str(page.front_matter.get("review_state") or "unknown"),
+        }
         if isinstance(max_chars, int) and 0 < max_chars < len(text):
             out.update(text=text[:max_chars], truncated=True, total_chars=len(text), returned_chars=max_chars)
         return out

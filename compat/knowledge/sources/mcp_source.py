@@ -22,8 +22,12 @@ import anyio
 from compat.knowledge.errors import SourceError
 from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.sources.base import (
-    PAGE_LIST_LIMIT, Capabilities, RoutedRetrieval, capabilities_from, fallback_capabilities,
-)  # fmt: skip
+    PAGE_LIST_LIMIT,
+    Capabilities,
+    RoutedRetrieval,
+    capabilities_from,
+    fallback_capabilities,
+)
 from compat.knowledge.sources.llmwiki_http import page_list
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
 """A profile written with the AgentProc SDK (PyPI ``agentproc==0.4.2``) the way its users write
 them: one async handler, streaming with ``send_partial``, a session id in ``AgentResult``."""
+
 from agentproc import AgentResult, ProtocolError, create_profile
 
 

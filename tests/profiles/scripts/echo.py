@@ -1,4 +1,5 @@
 """Echo profile (python): streams "echo: " and the message, reports a session id, prints the reply."""
+
 import json
 import os
 

@@ -1,5 +1,6 @@
 """A scriptable exec profile for the failure-mode tests. PROFILE_MODE (from the profile's env)
 picks the behaviour; PIDS_FILE, when set, receives the pid of every process it starts."""
+
 import hashlib
 import json
 import os
@@ -34,17 +35,26 @@ def sleeper():
 
 
 if MODE == "env":  # the protocol environment, as the reply body
-    names = sorted(k for k in os.environ if k.startswith("AGENT_") or k in ("GREETING", "BRIDGE_AUTH_TOKEN", "SECRET_OF_PARENT"))
+    names = sorted(
+        k for k in os.environ if k.startswith("AGENT_") or k in ("GREETING", "BRIDGE_AUTH_TOKEN", "SECRET_OF_PARENT")
+    )
     line(json.dumps({k: os.environ[k] for k in names} | {"argv": sys.argv[1:], "cwd": os.getcwd()}))
 elif MODE == "stdin":  # reads stdin to EOF first, like `codex exec` does
     data = sys.stdin.buffer.read()
     partial("read")
-    line(json.dumps({"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                     "env_bytes": len(os.environb.get(b"AGENT_MESSAGE", b"")),
-                     "truncated": os.environ.get("AGENT_MESSAGE_TRUNCATED", "")}))
+    line(
+        json.dumps(
+            {
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "env_bytes": len(os.environb.get(b"AGENT_MESSAGE", b"")),
+                "truncated": os.environ.get("AGENT_MESSAGE_TRUNCATED", ""),
+            }
+        )
+    )
 elif MODE == "error":
     partial("working")
-    line("AGENT_ERROR:" + json.dumps("boom \"quoted\""))
+    line("AGENT_ERROR:" + json.dumps('boom "quoted"'))
     sys.exit(1)
 elif MODE == "exit":
     line("some stdout")
@@ -66,14 +76,14 @@ elif MODE == "gate":  # streams, then waits for GATE_FILE to exist
         time.sleep(0.01)
     line("done")
 elif MODE == "malformed":
-    line(b'AGENT_PARTIAL:not json')
-    line(b'AGENT_PARTIAL:123')
-    line(b'AGENT_PARTIAL:"\\ud83d"')            # half of a surrogate pair ...
-    line(b'AGENT_PARTIAL:"\\ude00 ok"')         # ... and its other half
+    line(b"AGENT_PARTIAL:not json")
+    line(b"AGENT_PARTIAL:123")
+    line(b'AGENT_PARTIAL:"\\ud83d"')  # half of a surrogate pair ...
+    line(b'AGENT_PARTIAL:"\\ude00 ok"')  # ... and its other half
     line(b'AGENT_PARTIAL:"lone \\udc00 low"')
-    line(b'AGENT_PARTIAL:"\xe2\x9c"')           # a UTF-8 character cut in two
+    line(b'AGENT_PARTIAL:"\xe2\x9c"')  # a UTF-8 character cut in two
     line(b'AGENT_PARTIAL:"\x93"')
-    line(b'AGENT_SESSION:   ')                  # empty: ignored
+    line(b"AGENT_SESSION:   ")  # empty: ignored
     line(b"AGENT_SESSION:kept")
     line(b"body \xff\xfe bytes")
     line(b"AGENT_ERRORX: not a marker")
