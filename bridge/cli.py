@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 import orjson
 
 from bridge import __version__
@@ -31,23 +32,6 @@ log = logging.getLogger("xworkmate_bridge")
 def _env(name: str) -> str | None:
     value = os.environ.get(name, "").strip()
     return value or None
-
-
-GIL_SWITCH_INTERVAL = 0.0005
-"""Seconds a thread may hold the GIL while another waits for it (CPython's default is 0.005).
-
-The event loop gives the GIL up at every system call and must then wait for it while a worker
-thread runs Python: up to the whole interval each time (the convoy effect, bpo-7946). Agents
-start in worker threads, so a start storm is where it shows: 100 agents started at once on 2
-cores (bench case 4), 3 runs each, loop lag p99 (a ping every 20 ms) 72-137 ms at 5 ms and
-19-33 ms at 0.5 ms; delay p99 of the chunks relayed in the first 250 ms 5-108 ms and 2-9 ms. The
-cost is more switches where two threads both run Python, rare in the bridge.
-"""
-
-
-def _tune_interpreter() -> None:
-    """Set :data:`GIL_SWITCH_INTERVAL` for this process (the ``serve`` and ``acp-stdio`` commands)."""
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
 
 
 def _setup_logging(level: str) -> None:
@@ -67,7 +51,7 @@ async def running_orchestrator(config: BridgeConfig) -> AsyncIterator[Any]:
 
 def build_app(config: BridgeConfig) -> Any:
     """The ASGI app with the orchestrator entered in its lifespan (one task enters and leaves it)."""
-    from bridge.heap import freeze_heap, settle_heap
+    from bridge.heap import freeze_heap, preload
     from bridge.http_app import create_app
     from bridge.methods import build_dispatcher
     from bridge.wiring import build_orchestrator
@@ -82,9 +66,9 @@ def build_app(config: BridgeConfig) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         async with orch, mcp.lifespan() if mcp is not None else contextlib.nullcontext():
-            freeze_heap(collect=False)
+            freeze_heap()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(settle_heap, lambda: orch.idle)
+                tg.start_soon(preload)
                 try:
                     yield
                 finally:
@@ -97,7 +81,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from bridge.heap import pause_gc_for_start
 
     pause_gc_for_start()  # until the lifespan's freeze_heap
-    _tune_interpreter()
     from bridge.auth import check_exposure
     from bridge.server import run
 
@@ -114,19 +97,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_acp_stdio(args: argparse.Namespace) -> int:
-    from bridge.heap import freeze_heap, pause_gc_for_start, settle_heap
+    from bridge.heap import freeze_heap, pause_gc_for_start, preload
 
     pause_gc_for_start()  # until freeze_heap, once the orchestrator has started
-    _tune_interpreter()
     from bridge.stdio import serve_stdio
 
     config = load_config(args.config)
     _setup_logging(config.log_level)
 
     async def main() -> None:
-        async with running_orchestrator(config) as (orch, dispatcher), anyio.create_task_group() as tg:
-            freeze_heap(collect=False)
-            tg.start_soon(settle_heap, lambda: orch.idle)
+        async with running_orchestrator(config) as (_orch, dispatcher), anyio.create_task_group() as tg:
+            freeze_heap()
+            tg.start_soon(preload)
             await serve_stdio(dispatcher, limits=config.limits)
             tg.cancel_scope.cancel()
 
@@ -299,7 +281,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
             orch = build_orchestrator(config)
             if args.probe:
                 await orch.registry.probe_all()
-            caps = orch.capabilities()
+            caps = msgspec.to_builtins(orch.capabilities())
             await orch.registry.aclose()
             return caps["providerCatalog"], {p["providerId"]: p for p in caps["providerProbeSummary"]}
 

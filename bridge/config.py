@@ -18,7 +18,7 @@ import msgspec
 import yaml
 
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
-from compat.profile_settings import ProfileConfig, ProfileConfigError, parse_profiles
+from compat.profile.settings import ProfileConfig, ProfileConfigError, parse_profiles
 from compat.settings import (
     FieldInvalid,
     Limits,
@@ -191,7 +191,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     base = file.resolve().parent if file else Path.cwd()
     _split_profiles(data, base, source)
     if isinstance(data.get("providers"), dict):
-        from compat.presets import with_preset
+        from compat.acp.presets import with_preset
 
         data["providers"] = {k: with_preset(k, v) for k, v in data["providers"].items()}
     data["-"] = str(base)
@@ -218,7 +218,7 @@ def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:
     """Move exec profiles (``profiles:`` and ``providers.<id>: {type: profile}``) into
     ``data["profiles"]``, validated with the iLink key names; profiles and providers share one id
     space (with no ``providers:`` key, the preset ids are taken)."""
-    from compat.presets import PRESETS
+    from compat.acp.presets import PRESETS
 
     reserved = () if data.get("providers") is not None else (*PRESETS, "knowledge")
     try:

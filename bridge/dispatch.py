@@ -1,9 +1,11 @@
 """JSON-RPC dispatch shared by every transport (JSON-RPC 2.0 §4-§6; docs/api.md "Precise rules").
 
-A transport hands each frame to ``Dispatcher.serve_frame`` with the frame's ``EnvelopeStream`` and a
-task group it owns. Requests are admitted in the order they are read (array order in a batch): each
-becomes a task, and asyncio starts tasks in creation order, so a handler's synchronous prefix (for
-example, queueing a turn on its session) runs in that order. Then they run concurrently, so a long
+A transport hands each frame to :meth:`Dispatcher.serve_frame` with the frame's
+``EnvelopeStream`` and a task group it owns. Requests are admitted in the order they are read
+(array order in a batch). A method declared ``inline`` (``bridge.methods``) runs right there, on
+the reader, and is answered before the next frame is read; every other request becomes a task,
+and asyncio starts tasks in creation order, so a handler's synchronous prefix (for example,
+queueing a turn on its session) runs in arrival order. Then they run concurrently, so a long
 ``session.start`` never blocks a ``session.cancel`` on the same socket.
 
 This module is the one place where an exception becomes a wire error.
@@ -11,30 +13,23 @@ This module is the one place where an exception becomes a wire error.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, parse_frame
-from bridge.rpc.errors import InternalError, InvalidParams, MethodNotFound, RpcError
+from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, Response, parse_frame
+from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
 
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, Any], None]
-
-
-def _params(request: Request) -> dict[str, Any]:
-    if request.params is None:
-        return {}
-    if not isinstance(request.params, dict):
-        raise InvalidParams("Invalid params: params must be an object")
-    return request.params
 
 
 def _discard(method: str, params: Any) -> None:
@@ -55,51 +50,80 @@ class CallContext(msgspec.Struct):  # one per HTTP request: see bridge.rpc.codec
     connection_id: str = "-"
 
 
-Handler = Callable[[dict[str, Any], CallContext], Awaitable[Any]]
-ImmediateHandler = Callable[[dict[str, Any], CallContext], Any]
-"""A handler that never waits (``acp.capabilities``, ``session.cancel``, …): it runs in the
-reader, in arrival order, with no task of its own."""
+class Method(msgspec.Struct, frozen=True):
+    """One method as the dispatcher runs it.
+
+    Attributes:
+        name: the wire name.
+        handler: ``handler(params, ctx) -> result``: a plain function when ``inline``, else a
+            coroutine function. It raises an ``RpcError`` for a request that cannot run; any
+            other exception is -32603.
+        inline: runs on the reader, in arrival order, with no task of its own (it never waits).
+        params: validates the raw params object into what the handler takes (raises
+            ``InvalidParams``); None passes the dict as it is.
+    """
+
+    name: str
+    handler: Callable[[Any, CallContext], Any]
+    inline: bool = False
+    params: Callable[[dict[str, Any]], Any] | None = None
+
+
+def _params(request: Request) -> dict[str, Any]:
+    if request.params is None:
+        return {}
+    if not isinstance(request.params, dict):
+        raise InvalidParams("Invalid params: params must be an object")
+    return request.params
 
 
 class Dispatcher:
-    """Maps method names to handlers and runs frames.
+    """Runs frames against a table of methods.
 
     Args:
-        handlers: ``{method: async handler(params, ctx) -> result}``. A handler raises an
-            ``RpcError`` for a request that cannot run (``InvalidParams`` for params that fail
-            validation: compat.params); any other exception is -32603.
+        methods: the methods (``bridge.methods.build_dispatcher`` binds the registry's).
+
+    Raises:
+        TypeError: a method's ``inline`` does not match its handler (``def`` vs ``async def``).
     """
 
-    def __init__(
-        self, handlers: Mapping[str, Handler], immediate: Mapping[str, ImmediateHandler] | None = None
-    ) -> None:
-        self._handlers = dict(handlers)
-        self._immediate = dict(immediate or {})
+    def __init__(self, methods: Iterable[Method]) -> None:
+        self._methods: dict[str, Method] = {}
+        for method in methods:
+            if method.inline == inspect.iscoroutinefunction(method.handler):
+                kind = "an async" if method.inline else "a plain"
+                raise TypeError(f"{method.name}: declared inline={method.inline} but its handler is {kind} function")
+            self._methods[method.name] = method
 
     @property
     def methods(self) -> list[str]:
-        return sorted({*self._handlers, *self._immediate})
+        return list(self._methods)
 
     async def call(self, request: Request, ctx: CallContext) -> Reply | None:
         """Run one request; returns its reply, or None for a notification (never answered)."""
-        if request.method in self._immediate:
-            return self.call_now(request, ctx)
+        method = self._methods.get(request.method)
+        if method is not None and method.inline:
+            return self.call_now(request, ctx, method)
         try:
-            handler = self._handlers.get(request.method)
-            if handler is None:
+            if method is None:
                 raise MethodNotFound(f"Method not found: {request.method[:200]}", method=request.method[:200])
-            result = await handler(_params(request), ctx)
+            result = await method.handler(self._validated(method, request), ctx)
         except Exception as exc:
             return self._failed(request, exc)
         return self._answer(request, Reply(request.id, result=result))
 
-    def call_now(self, request: Request, ctx: CallContext) -> Reply | None:
-        """``call`` for an immediate method, without awaiting."""
+    def call_now(self, request: Request, ctx: CallContext, method: Method) -> Reply | None:
+        """``call`` for an inline method, without awaiting."""
         try:
-            result = self._immediate[request.method](_params(request), ctx)
+            result = method.handler(self._validated(method, request), ctx)
         except Exception as exc:
             return self._failed(request, exc)
         return None if request.id is MISSING else Reply(request.id, result)
+
+    @staticmethod
+    def _validated(method: Method, request: Request) -> Any:
+        raw = _params(request)
+        return method.params(raw) if method.params is not None else raw
 
     def _failed(self, request: Request, exc: Exception) -> Reply | None:
         if isinstance(exc, RpcError):
@@ -132,13 +156,12 @@ class Dispatcher:
             tg.start_soon(self._run_batch, frame.messages, stream, ctx)
             return
         message = frame.messages[0]
-        if isinstance(message, Invalid):
-            stream.reply(Reply.from_error(message.id, message.error))
-        elif message.method in self._immediate:
-            # A task per request was a fifth of the bridge's CPU for acp.capabilities
-            # (bench case 1 profile: anyio TaskGroup.start_soon 21.7%); a method that never
-            # waits gains nothing from one.
-            reply = self.call_now(message, ctx)
+        if not isinstance(message, Request):
+            stream.reply(_not_a_request(message))
+            return
+        method = self._methods.get(message.method)
+        if method is not None and method.inline:
+            reply = self.call_now(message, ctx, method)
             if reply is not None:
                 stream.reply(reply)
         else:
@@ -146,13 +169,8 @@ class Dispatcher:
 
     async def run_frame(self, data: bytes | str | Frame, stream: EnvelopeStream, ctx: CallContext) -> None:
         """``serve_frame`` in the calling task: returns once every reply of ``data`` is on
-        ``stream``. For transports with one frame per exchange (an HTTP request).
-
-        A single request runs here rather than in a task of its own: for ``POST /acp/rpc`` the
-        task group around it was a fifth of the bridge's CPU per request (bench case 2 profile,
-        anyio ``create_task_group`` + ``TaskGroup.__aexit__``) and bought nothing, since the
-        response waits for that one reply anyway. A batch still runs its requests concurrently.
-        """
+        ``stream``. For transports with one frame per exchange (an HTTP request): a single
+        request runs in the calling task, since the response waits for it anyway."""
         frame = self._parse(data, stream)
         if frame is None:
             return
@@ -160,8 +178,8 @@ class Dispatcher:
             await self._run_batch(frame.messages, stream, ctx)
             return
         message = frame.messages[0]
-        if isinstance(message, Invalid):
-            stream.reply(Reply.from_error(message.id, message.error))
+        if not isinstance(message, Request):
+            stream.reply(_not_a_request(message))
             return
         reply = await self.call(message, ctx)
         if reply is not None:
@@ -183,7 +201,7 @@ class Dispatcher:
         if reply is not None:
             stream.reply(reply)
 
-    async def _run_batch(self, messages: tuple, stream: EnvelopeStream, ctx: CallContext) -> None:
+    async def _run_batch(self, messages: tuple[Any, ...], stream: EnvelopeStream, ctx: CallContext) -> None:
         replies: list[Reply | None] = [None] * len(messages)
 
         async def run(index: int, request: Request) -> None:
@@ -191,8 +209,16 @@ class Dispatcher:
 
         async with anyio.create_task_group() as batch_tg:
             for index, message in enumerate(messages):
-                if isinstance(message, Invalid):
-                    replies[index] = Reply.from_error(message.id, message.error)
-                else:
+                if isinstance(message, Request):
                     batch_tg.start_soon(run, index, message)
+                else:
+                    replies[index] = _not_a_request(message)
         stream.batch([r for r in replies if r is not None])
+
+
+def _not_a_request(message: Invalid | Response) -> Reply:
+    """A client's message that is not a request: its error, or -32600 for a response (the bridge
+    sends clients no requests, so no response can be expected)."""
+    if isinstance(message, Invalid):
+        return Reply.from_error(message.id, message.error)
+    return Reply.from_error(message.id, InvalidRequest("Invalid Request: method must be a non-empty string"))

@@ -10,13 +10,11 @@ Imports ``bridge.*``, Starlette and sse-starlette only; knows nothing about sess
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
 import re
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
@@ -34,7 +32,8 @@ import bridge
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.config import BridgeConfig
 from bridge.dispatch import CallContext, Dispatcher
-from bridge.rpc.codec import Frame, Invalid, parse_frame
+from bridge.rpc import codec
+from bridge.rpc.codec import Frame, parse_frame
 from bridge.rpc.errors import InvalidRequest, NotFound, OriginNotAllowed, ParseError, Unauthorized
 from bridge.rpc.stream import EnvelopeStream
 from bridge.ws import AcpWebSocket
@@ -44,8 +43,6 @@ log = logging.getLogger(__name__)
 BANNER = "xworkmate-bridge is running"
 BODY_READ_TIMEOUT = 30.0
 """Seconds allowed for reading a request body; a client that stalls mid-body gets 408."""
-DEADLINE_SWEEP = 0.25
-"""Seconds between two checks for body reads past ``BODY_READ_TIMEOUT`` (``ReadDeadlines``)."""
 CORS_HEADERS = {
     "Access-Control-Allow-Methods": "POST, OPTIONS",
     "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept",
@@ -172,85 +169,7 @@ def parse_body(body: bytes) -> tuple[Frame | bytes, bool]:
         frame = parse_frame(body)
     except InvalidRequest:
         return body, True
-    if not frame.is_batch:
-        message = frame.messages[0]
-        return frame, isinstance(message, Invalid) or not message.is_notification
-    return frame, any(isinstance(m, Invalid) or not m.is_notification for m in frame.messages)
-
-
-class RpcHeaders:
-    """The request headers ``/acp/rpc`` reads, found in one pass over the ASGI scope (header
-    names arrive lowercased, ASGI spec §2.2.1). Four Starlette ``Headers`` lookups, each a scan
-    that raises ``KeyError`` for an absent header, cost more than the rest of the request parsing
-    (bench case 2, cProfile of the ASGI app).
-    """
-
-    __slots__ = ("accept", "authorization", "content_length", "origins")
-
-    def __init__(self) -> None:
-        self.origins: list[str] = []  # every Origin header: a request carrying two is judged by both
-        self.authorization: str | None = None
-        self.accept = ""
-        self.content_length = ""
-
-    @classmethod
-    def of(cls, scope: Scope) -> RpcHeaders:
-        found = cls()
-        for name, value in scope["headers"]:
-            if name == b"origin":
-                found.origins.append(value.decode("latin-1"))
-            elif name == b"authorization" and found.authorization is None:
-                found.authorization = value.decode("latin-1")
-            elif name == b"accept" and not found.accept:
-                found.accept = value.decode("latin-1")
-            elif name == b"content-length" and not found.content_length:
-                found.content_length = value.decode("latin-1")
-        return found
-
-
-class ReadDeadlines:
-    """Body reads past ``BODY_READ_TIMEOUT`` seconds, cancelled by one sweep every
-    ``DEADLINE_SWEEP`` seconds (the read then raises ``TimeoutError``).
-
-    A timer per request (``asyncio.timeout``, which arms a uvloop timer) cost 3.8 us of the
-    bridge's ~50 us per request in bench case 2; a dict entry costs 0.1 us. The anyio cancel
-    scope used before cost more still. A deadline is late by at most ``DEADLINE_SWEEP``.
-    """
-
-    def __init__(self) -> None:
-        self._due: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
-        self.running = False
-
-    async def read(self, body: Awaitable[bytes]) -> bytes:
-        """Await ``body`` within the deadline. Raises TimeoutError past it."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._due[task] = time.monotonic() + BODY_READ_TIMEOUT
-        try:
-            return await body
-        except asyncio.CancelledError:
-            if task not in self._expired:
-                raise
-            task.uncancel()
-            raise TimeoutError from None
-        finally:
-            self._due.pop(task, None)
-            self._expired.discard(task)
-
-    async def sweep(self) -> None:
-        """Run in the app's lifespan; cancels reads whose deadline has passed."""
-        self.running = True
-        try:
-            while True:
-                await anyio.sleep(DEADLINE_SWEEP)
-                now = time.monotonic()
-                for task in [t for t, due in self._due.items() if due <= now]:
-                    del self._due[task]
-                    self._expired.add(task)
-                    task.cancel()
-        finally:
-            self.running = False
+    return frame, any(not isinstance(m, codec.Request) or not m.is_notification for m in frame.messages)
 
 
 class RpcEndpoint:
@@ -267,13 +186,11 @@ class RpcEndpoint:
         self._queue_bytes = config.limits.max_connection_queue_bytes
         self._keepalive = config.sse_keepalive
         self._background: TaskGroup | None = None
-        self._deadlines = ReadDeadlines()
 
     def lifespan(self, outer: Lifespan | None) -> Lifespan:
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[Any]:
             async with outer(app) if outer else nullcontext() as state, anyio.create_task_group() as tg:
-                tg.start_soon(self._deadlines.sweep)
                 self._background = tg
                 try:
                     yield state
@@ -284,11 +201,13 @@ class RpcEndpoint:
         return lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.handle(scope["method"], RpcHeaders.of(scope), receive)
+        response = await self.handle(Request(scope, receive))
         await response(scope, receive, send)
 
-    async def handle(self, method: str, request: RpcHeaders, receive: Receive) -> Response | _JsonReply:
-        origin = request.origins[0] if request.origins else None
+    async def handle(self, request: Request) -> Response:
+        origins = request.headers.getlist("origin")  # a request carrying two is judged by both
+        origin = origins[0] if origins else None
+        method = request.method
         headers = {"Vary": "Origin"}
         if origin and self._origins.allows(origin):
             headers.update(CORS_HEADERS, **{"Access-Control-Allow-Origin": origin})
@@ -297,16 +216,16 @@ class RpcEndpoint:
         if method != "POST":
             error = InvalidRequest("method not allowed")
             return rejection(405, error, {**headers, "Allow": "POST, OPTIONS"})
-        if not self._origins.allows_all(request.origins):
+        if not self._origins.allows_all(origins):
             return rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]), headers)
-        return await self._post(request, receive, headers)
+        return await self._post(request, headers)
 
-    async def _post(self, request: RpcHeaders, receive: Receive, headers: dict[str, str]) -> Response | _JsonReply:
-        body = await self._read(receive, request.content_length, headers)
+    async def _post(self, request: Request, headers: dict[str, str]) -> Response:
+        body = await self._read(request.receive, request.headers.get("content-length", ""), headers)
         if isinstance(body, Response):
             return body
         try:
-            principal = self._auth.authenticate(request.authorization)
+            principal = self._auth.authenticate(request.headers.get("authorization"))
         except Unauthorized as exc:
             return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer"})
         try:
@@ -316,7 +235,7 @@ class RpcEndpoint:
         ctx = CallContext(principal, connection_id=f"http-{next(_ids)}")
         if not reply_expected:
             return self._detach(frame, ctx, headers)
-        if "text/event-stream" in request.accept.lower():
+        if "text/event-stream" in request.headers.get("accept", "").lower():
             from bridge.sse import SseReply  # sse-starlette: ~5 ms of the cold start, imported when first used
 
             return SseReply(
@@ -333,9 +252,7 @@ class RpcEndpoint:
     async def _read(self, receive: Receive, declared: str, headers: dict[str, str]) -> bytes | Response:
         """The body, or the response refusing it (413 too large, 408 stalled)."""
         try:
-            if self._deadlines.running:
-                return await self._deadlines.read(read_body(receive, declared, self._limit))
-            async with asyncio.timeout(BODY_READ_TIMEOUT):  # no lifespan, so no sweeper
+            with anyio.fail_after(BODY_READ_TIMEOUT):
                 return await read_body(receive, declared, self._limit)
         except BodyTooLarge:
             error = InvalidRequest("Invalid Request: body too large", maxMessageBytes=self._limit)
@@ -357,32 +274,12 @@ class RpcEndpoint:
         # No lifespan (a bare ASGI harness): run right after the response instead.
         return Response(status_code=204, headers=headers, background=BackgroundTask(run))
 
-    async def _json(self, body: Frame | bytes, ctx: CallContext, headers: dict[str, str]) -> Response | _JsonReply:
+    async def _json(self, body: Frame | bytes, ctx: CallContext, headers: dict[str, str]) -> Response:
         replies: list[bytes] = []  # ctx.notify discards: without SSE notifications have nowhere to go
         await self._dispatcher.run_frame(body, EnvelopeStream(replies.append), ctx)
         if not replies:
             return Response(status_code=204, headers=headers)
-        return _JsonReply(replies[0], headers)
-
-
-class _JsonReply:
-    """A 200 ``application/json`` response: Starlette's ``Response`` minus its generic header
-    assembly (a tenth of the bridge's own time per request in bench case 2, cProfile)."""
-
-    __slots__ = ("body", "raw_headers")
-    status_code = 200
-
-    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
-        self.body = body
-        self.raw_headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", b"%d" % len(body)),
-            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-        ]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body})
+        return Response(replies[0], media_type="application/json", headers=headers)
 
 
 class Guarded:

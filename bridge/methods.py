@@ -1,143 +1,184 @@
-"""The method table: JSON-RPC method names → orchestrator operations (docs/api.md "Methods").
+"""The method registry: every wire method, declared once (docs/api.md "Methods").
 
-Params are validated here with the orchestrator's pydantic models; a validation error becomes
--32602. The models, and pydantic, are imported when a request first needs them rather than at
-start: they were ~60 ms of the bridge's cold start (bench case 6; see compat.settings).
+Each entry names the method, its params model, its handler, its result model, and whether it runs
+inline on the reader (it never waits: ``acp.capabilities``, ``session.cancel``, …) or in a task of
+its own. ``acp.capabilities``' method list, the dispatcher and the docs test all read this table;
+the dispatcher refuses an entry whose handler's kind (``def`` / ``async def``) does not match what
+it declares.
+
+Params are validated with pydantic models imported when a request first needs them, not at start:
+pydantic and the models were ~60 ms of the bridge's cold start (bench case 6). The result models
+(``orchestrator.results``) are msgspec structs and load with the registry.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-from types import ModuleType
+import importlib
+from collections.abc import Callable
 from typing import Any
 
-import orjson
+import msgspec
 
-from bridge.dispatch import CallContext, Dispatcher, Handler
+from bridge.dispatch import CallContext, Dispatcher, Method
 from bridge.rpc.errors import NotFound
 from compat.params import validated
+from orchestrator.results import (
+    AcceptedResult,
+    CancelResult,
+    CapabilitiesResult,
+    CloseResult,
+    GatewayConnectResult,
+    GatewayError,
+    GatewayRequestResult,
+    GatewaySnapshot,
+    KnowledgeReadResult,
+    KnowledgeSourcesResult,
+    ResolveResult,
+    TurnResult,
+    UnavailableTurnResult,
+)
 from orchestrator.service import Orchestrator
 
-METHODS = (
-    "acp.capabilities",
-    "xworkmate.routing.resolve",
-    "session.start",
-    "session.message",
-    "session.cancel",
-    "session.close",
-    "session.permission",
-    "xworkmate.gateway.connect",
-    "xworkmate.gateway.request",
-    "xworkmate.gateway.disconnect",
-    "knowledge.sources",
-    "knowledge.read",
+
+class Params:
+    """A params model, imported on first use: ``Params("orchestrator.models", "TurnParams")``."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    @functools.cached_property
+    def model(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def validate(self, raw: dict[str, Any]) -> Any:
+        """The validated params.
+
+        Raises:
+            InvalidParams: -32602 with ``data.errors`` (compat.params).
+        """
+        return validated(self.model, raw)
+
+
+class MethodSpec(msgspec.Struct, frozen=True):
+    """One wire method.
+
+    Attributes:
+        name: the wire name.
+        handler: ``handler(orchestrator, params, ctx) -> result``; ``params`` is the validated
+            model (the raw dict when ``params`` is None).
+        params: the params model.
+        result: the result model (a union where a method has two shapes).
+        inline: the handler never waits (a plain ``def``) and runs on the connection's reader, in
+            arrival order; otherwise it is an ``async def`` run in a task of its own.
+    """
+
+    name: str
+    handler: Callable[..., Any]
+    params: Params | None
+    result: Any
+    inline: bool
+
+    def bind(self, orch: Orchestrator) -> Method:
+        validate = self.params.validate if self.params is not None else None
+        return Method(self.name, functools.partial(self.handler, orch), inline=self.inline, params=validate)
+
+
+# ---- handlers ------------------------------------------------------------------------------------------
+
+
+def capabilities(orch: Orchestrator, params: dict[str, Any], ctx: CallContext) -> CapabilitiesResult:
+    return orch.capabilities()
+
+
+def routing_resolve(orch: Orchestrator, params: Any, ctx: CallContext) -> ResolveResult:
+    return orch.resolve(params)
+
+
+async def session_start(orch: Orchestrator, params: Any, ctx: CallContext) -> TurnResult | UnavailableTurnResult:
+    return await orch.run_turn(params, ctx.principal, ctx.notify, start=True)
+
+
+async def session_message(orch: Orchestrator, params: Any, ctx: CallContext) -> TurnResult | UnavailableTurnResult:
+    return await orch.run_turn(params, ctx.principal, ctx.notify, start=False)
+
+
+def session_cancel(orch: Orchestrator, params: Any, ctx: CallContext) -> CancelResult:
+    return orch.cancel(params.session_id, ctx.principal)
+
+
+async def session_close(orch: Orchestrator, params: Any, ctx: CallContext) -> CloseResult:
+    return await orch.close(params.session_id, ctx.principal)
+
+
+def session_permission(orch: Orchestrator, params: Any, ctx: CallContext) -> AcceptedResult:
+    return orch.permission(params, ctx.principal)
+
+
+_NO_GATEWAY = GatewayError(code="GATEWAY_NOT_CONFIGURED", message="no OpenClaw gateway is configured on this bridge")
+
+
+def gateway_connect(orch: Orchestrator, params: Any, ctx: CallContext) -> GatewayConnectResult:
+    snapshot = GatewaySnapshot(status="offline", mode="openclaw", status_text="not configured")
+    return GatewayConnectResult(ok=False, snapshot=snapshot, error=_NO_GATEWAY)
+
+
+def gateway_request(orch: Orchestrator, params: Any, ctx: CallContext) -> GatewayRequestResult:
+    return GatewayRequestResult(ok=False, payload=None, error=_NO_GATEWAY)
+
+
+def gateway_disconnect(orch: Orchestrator, params: Any, ctx: CallContext) -> AcceptedResult:
+    return AcceptedResult(accepted=True)
+
+
+async def knowledge_sources(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeSourcesResult:
+    listing = await _knowledge(orch).list_sources(params.probe)
+    return msgspec.convert(listing, KnowledgeSourcesResult)
+
+
+async def knowledge_read(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeReadResult:
+    node = await _knowledge(orch).read(params.source_id, params.path)
+    return msgspec.convert(node, KnowledgeReadResult)
+
+
+def _knowledge(orch: Orchestrator) -> Any:
+    if orch.knowledge is None:
+        raise NotFound("no knowledge sources are configured")
+    return orch.knowledge
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+
+_MODELS = "orchestrator.models"
+_KNOWLEDGE = "compat.knowledge.params"
+_TURN = Params(_MODELS, "TurnParams")
+_SESSION = Params(_MODELS, "SessionRef")
+_GATEWAY = Params(_MODELS, "GatewayParams")
+
+METHODS: tuple[MethodSpec, ...] = (
+    MethodSpec("acp.capabilities", capabilities, None, CapabilitiesResult, inline=True),
+    MethodSpec("xworkmate.routing.resolve", routing_resolve, Params(_MODELS, "ResolveParams"), ResolveResult, inline=True),
+    MethodSpec("session.start", session_start, _TURN, TurnResult | UnavailableTurnResult, inline=False),
+    MethodSpec("session.message", session_message, _TURN, TurnResult | UnavailableTurnResult, inline=False),
+    MethodSpec("session.cancel", session_cancel, _SESSION, CancelResult, inline=True),
+    MethodSpec("session.close", session_close, _SESSION, CloseResult, inline=False),
+    MethodSpec("session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True),
+    MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=True),
+    MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=True),
+    MethodSpec("xworkmate.gateway.disconnect", gateway_disconnect, _GATEWAY, AcceptedResult, inline=True),
+    MethodSpec("knowledge.sources", knowledge_sources, Params(_KNOWLEDGE, "SourcesParams"), KnowledgeSourcesResult, inline=False),
+    MethodSpec("knowledge.read", knowledge_read, Params(_KNOWLEDGE, "ReadParams"), KnowledgeReadResult, inline=False),
 )
+"""Every wire method, in the order ``acp.capabilities`` lists them."""
 
-
-@functools.cache
-def _models() -> ModuleType:
-    """orchestrator.models, on first use."""
-    from orchestrator import models
-
-    return models
-
-
-@functools.cache
-def _knowledge_models() -> ModuleType:
-    """compat.knowledge.params, on first use."""
-    from compat.knowledge import params
-
-    return params
-
-
-def _gateway_missing() -> dict[str, Any]:
-    return {"code": "GATEWAY_NOT_CONFIGURED", "message": "no OpenClaw gateway is configured on this bridge"}
-
-
-def build_handlers(orch: Orchestrator) -> dict[str, Handler]:
-    """One async handler per method in ``METHODS``."""
-
-    encoded: list[Any] = [None, None]  # [the orchestrator's cached result, its JSON fragment]
-
-    def capabilities(params: dict[str, Any], ctx: CallContext) -> Any:
-        # The result is rebuilt only when a probe changes it, so its JSON is encoded once per
-        # build rather than per call: the hottest call of a polling client (bench case 1).
-        result = orch.capabilities()
-        if encoded[0] is not result:
-            encoded[:] = [result, orjson.Fragment(orjson.dumps(result))]
-        return encoded[1]
-
-    def routing_resolve(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.resolve(validated(_models().ResolveParams, params))
-
-    async def start(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.run_turn(validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=True)
-
-    async def message(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.run_turn(validated(_models().TurnParams, params), ctx.principal, ctx.notify, start=False)
-
-    def cancel(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.cancel(validated(_models().SessionRef, params).session_id, ctx.principal)
-
-    async def close(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await orch.close(validated(_models().SessionRef, params).session_id, ctx.principal)
-
-    def permission(params: dict[str, Any], ctx: CallContext) -> Any:
-        return orch.permission(validated(_models().PermissionParams, params), ctx.principal)
-
-    def gateway_connect(params: dict[str, Any], ctx: CallContext) -> Any:
-        validated(_models().GatewayParams, params)
-        return {
-            "ok": False,
-            "snapshot": {"status": "offline", "mode": "openclaw", "statusText": "not configured"},
-            "error": _gateway_missing(),
-        }
-
-    def gateway_request(params: dict[str, Any], ctx: CallContext) -> Any:
-        validated(_models().GatewayParams, params)
-        return {"ok": False, "payload": None, "error": _gateway_missing()}
-
-    def gateway_disconnect(params: dict[str, Any], ctx: CallContext) -> Any:
-        validated(_models().GatewayParams, params)
-        return {"accepted": True}
-
-    async def knowledge_sources(params: dict[str, Any], ctx: CallContext) -> Any:
-        return await _knowledge().list_sources(validated(_knowledge_models().SourcesParams, params).probe)
-
-    async def knowledge_read(params: dict[str, Any], ctx: CallContext) -> Any:
-        read = validated(_knowledge_models().ReadParams, params)
-        return await _knowledge().read(read.source_id, read.path)
-
-    def _knowledge() -> Any:
-        if orch.knowledge is None:
-            raise NotFound("no knowledge sources are configured")
-        return orch.knowledge
-
-    handlers = dict(
-        zip(
-            METHODS,
-            (
-                capabilities,
-                routing_resolve,
-                start,
-                message,
-                cancel,
-                close,
-                permission,
-                gateway_connect,
-                gateway_request,
-                gateway_disconnect,
-                knowledge_sources,
-                knowledge_read,
-            ),
-            strict=False,
-        )
-    )
-    return handlers
+METHOD_NAMES: tuple[str, ...] = tuple(spec.name for spec in METHODS)
 
 
 def build_dispatcher(orch: Orchestrator) -> Dispatcher:
-    handlers = build_handlers(orch)
-    immediate = {m: h for m, h in handlers.items() if not inspect.iscoroutinefunction(h)}
-    return Dispatcher({m: h for m, h in handlers.items() if m not in immediate}, immediate)
+    """The dispatcher for every method in :data:`METHODS`, bound to ``orch``.
+
+    Raises:
+        TypeError: an entry's ``inline`` does not match its handler's kind.
+    """
+    return Dispatcher(spec.bind(orch) for spec in METHODS)

@@ -3,7 +3,7 @@
 With no ``providers`` key, every preset whose command is found (on PATH or in the ``make agents``
 cache) is enabled; the rest stay listed as unavailable. A configured entry named like a preset
 inherits the preset's command, args, label and modelFlag where it leaves them out
-(bridge.config.load_config, compat.presets.with_preset).
+(bridge.config.load_config, compat.acp.presets.with_preset).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
 from bridge.config import BridgeConfig, ConfigError
-from bridge.methods import METHODS
+from bridge.methods import METHOD_NAMES
 from bridge.rpc.redact import register_secret
 from compat.base import ProviderAdapter
 from compat.knowledge.service import KnowledgeService
-from compat.profile import ProfileAdapter
+from compat.profile.adapter import ProfileAdapter
 from compat.settings import ProviderConfig
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
@@ -28,7 +28,7 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
 
     With no ``providers`` key: every ACP preset, plus the embedded ``knowledge`` provider.
     """
-    from compat.presets import PRESETS
+    from compat.acp.presets import PRESETS
 
     if config.providers is None:
         entries = {**PRESETS, "knowledge": ProviderConfig(type="knowledge", label="Knowledge")}
@@ -47,9 +47,9 @@ def build_adapter(
     provider_id: str, entry: ProviderConfig, config: BridgeConfig, knowledge: KnowledgeService
 ) -> ProviderAdapter:
     if entry.type == "acp":
-        from compat.acp import AcpAdapter
+        from compat.acp.adapter import AcpAdapter
 
-        return AcpAdapter(provider_id, entry, config.limits, config.timeouts)
+        return AcpAdapter(provider_id, entry, config.limits, config.timeouts, client_version=__version__)
     if entry.type == "knowledge":
         from compat.knowledge.adapter import KnowledgeAdapter
 
@@ -95,6 +95,6 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         config.timeouts,
         gateway_configured=bool(config.gateway),
         bridge_info=info,
-        methods=list(METHODS),
+        methods=list(METHOD_NAMES),
         knowledge=knowledge,
     )

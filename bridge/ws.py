@@ -4,26 +4,22 @@
 The upgrade is refused before ``accept`` with an HTTP status and a JSON error body (403 origin,
 401 token). After that, each text frame goes to ``Dispatcher.serve_frame``; requests run
 concurrently in a task group owned by the connection and cancelled when the socket closes.
-Outbound envelopes wait in a bounded queue, so a client that stops reading is dropped instead of
-stalling the handlers that notify it. The reader sends what a frame's immediate methods answer
-before it reads the next frame; a writer task sends what other tasks (turns) queue; one sends at a
-time, so ``seq`` order is wire order. Frame size limits and pings are uvicorn's (``ws_max_size``,
-``ws_ping_interval``; see ``bridge.server``).
+Every outbound envelope (a reply, a turn's update) waits in one bounded queue, and one writer task
+sends them in the order they were numbered, so ``seq`` order is wire order and a client that stops
+reading is dropped instead of stalling the handlers that notify it. Frame size limits and pings
+are uvicorn's (``ws_max_size``, ``ws_ping_interval``; see ``bridge.server``).
 
 Imports ``bridge.*`` and Starlette only; knows nothing about sessions.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-from collections.abc import Coroutine
-from typing import Any
 
 import anyio
+import anyio.abc
 import starlette.websockets
-from anyio.abc import TaskGroup
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -76,11 +72,10 @@ class AcpWebSocket:
         self._queue_bytes = queue_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.serve(WebSocket(scope, receive, send), receive, send)
+        await self.serve(WebSocket(scope, receive, send))
 
-    async def serve(self, websocket: WebSocket, receive: Receive | None = None, send: Send | None = None) -> None:
-        """Admit (403 origin, then 401 token) and serve one socket until it closes; frames then
-        go through the raw ASGI ``receive``/``send`` when given (see ``Connection``)."""
+    async def serve(self, websocket: WebSocket) -> None:
+        """Admit (403 origin, then 401 token) and serve one socket until it closes."""
         origin = websocket.headers.get("origin")
         if not self._origins.allows_all(websocket.headers.getlist("origin")):
             await _deny(websocket, 403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
@@ -99,8 +94,6 @@ class AcpWebSocket:
             principal,
             queue_size=self._queue_size,
             queue_bytes=self._queue_bytes,
-            receive=receive,
-            send=send,
         )
         await connection.run()
 
@@ -123,10 +116,7 @@ class Connection:
         principal: the authenticated name, passed to handlers.
         queue_size: outbound envelopes that may wait for the writer; one more drops the client
             with close code 1013.
-        receive, send: the socket's raw ASGI callables, for frames once accepted (default: the
-            WebSocket's own). Starlette's wrappers re-check the handshake state on every frame,
-            ~1 us per request of the bridge's ~20 in bench case 1; uvicorn still raises on a send
-            after the peer left (``ClientDisconnected``, an ``OSError``).
+        queue_bytes: outbound bytes that may wait (``limits.maxConnectionQueueBytes``).
     """
 
     def __init__(
@@ -137,41 +127,29 @@ class Connection:
         *,
         queue_size: int,
         queue_bytes: int = 16 * 1024 * 1024,
-        receive: Receive | None = None,
-        send: Send | None = None,
     ) -> None:
         self._ws = websocket
-        self._receive = receive or websocket.receive
-        self._send = send or websocket.send
         self._dispatcher = dispatcher
         self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
         self._ctx = CallContext(principal, self._stream.notify, f"ws-{next(_ids)}")
         self._scope = anyio.CancelScope()
         self._close_code: int | None = None
-        # One sender at a time keeps seq order on the wire: the reader (for what a frame's immediate
-        # methods answer) or the writer task (for everything else). Set while nobody sends.
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._direct: list[bytes] | None = None  # see _read_loop
-        self._tg: TaskGroup | None = None  # while the connection runs
 
     async def run(self) -> None:
         """Serve until the peer leaves or is dropped; in-flight handlers are then cancelled."""
         with self._scope:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
                 tg.start_soon(self._write_loop)
                 await self._read_loop(tg)
                 tg.cancel_scope.cancel()
-        self._tg = None
         self._outbox.close()
         if self._close_code is not None:
             await self._close(self._close_code)
 
-    async def _read_loop(self, tg: TaskGroup) -> None:
+    async def _read_loop(self, tg: anyio.abc.TaskGroup) -> None:
         while True:
-            message = await self._receive()
+            message = await self._ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
@@ -179,93 +157,24 @@ class Connection:
                 error = InvalidRequest("Invalid Request: binary frames are not supported; send text")
                 self._stream.reply(Reply.from_error(None, error))
                 continue
-            # What this frame's immediate methods (acp.capabilities, session.cancel) answer goes
-            # from the handler straight to the socket when nothing else is being sent or waits:
-            # through the queue and the writer task it cost a task switch and two queue
-            # operations per request, a third of the bridge's CPU per request in bench case 1.
-            self._direct = direct = []
-            try:
-                self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
-            finally:
-                self._direct = None
-            if not direct:
-                continue
-            if not self._idle.is_set() or len(self._outbox):
-                for envelope in direct:  # behind what was numbered before them
-                    self._enqueue(envelope)
-            else:
-                await self._send_all(direct)
+            self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
 
     async def _write_loop(self) -> None:
-        while await self._outbox.wait():
-            if not self._idle.is_set():  # the reader is sending; it also sends what is queued meanwhile
-                await self._idle.wait()
-            else:
-                await self._send_all()
-
-    async def _send_all(self, first: list[bytes] | None = None) -> None:
-        """Send ``first``, then everything queued, including what is queued meanwhile."""
-        self._idle.clear()
-        batch = first or self._outbox.take()
         try:
-            while batch:
-                for envelope in batch:  # uvicorn's send waits only when the socket buffer is full
-                    await self._send({"type": "websocket.send", "text": envelope.decode()})
-                batch = self._outbox.take()
+            async for batch in self._outbox.batches():
+                for envelope in batch:  # the send waits only while the socket's buffer is full
+                    await self._ws.send_text(envelope.decode())
         except _PEER_GONE:
-            self._peer_left()
-        finally:
-            self._idle.set()
-
-    def _peer_left(self) -> None:
-        log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
-        self._scope.cancel()
+            log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
+            self._scope.cancel()
 
     def _enqueue(self, envelope: bytes) -> None:
         """The stream's sink: never blocks the handler that produced ``envelope``."""
-        if self._direct is not None:  # the reader sends it once the frame's handlers return
-            self._direct.append(envelope)
-        elif self._idle.is_set() and not len(self._outbox) and self._tg is not None:
-            self._send_now(envelope, self._tg)
-        elif not self._outbox.offer(envelope):
+        if not self._outbox.offer(envelope):
             log.warning("%s: client is not reading; dropping it", self._ctx.connection_id)
             self._close_code = CLOSE_OVERFLOW
             self._outbox.close()
             self._scope.cancel()
-
-    def _send_now(self, envelope: bytes, tg: TaskGroup) -> None:
-        """Send ``envelope`` from the caller, as far as the send goes without waiting.
-
-        uvicorn's send waits only while the socket's buffer is full, so nearly always it runs to
-        its end in one step, like a Python 3.12 eager task. Through the queue and the writer task
-        every streamed update cost one more pass of the event loop and a task switch (bench case
-        4, 100 paced sessions: server CPU 28-31%, 24-26% sending so, 21-23% with the pushed
-        agent lines of compat._lines too). When the send does wait, a task finishes it and the
-        writer sends what was queued meanwhile, in order, once it is done; the connection's end
-        cancels it.
-        """
-        self._idle.clear()
-        send = self._send({"type": "websocket.send", "text": envelope.decode()})
-        try:
-            awaited = send.send(None)
-        except StopIteration:  # sent: the usual case
-            self._idle.set()
-            return
-        except BaseException as exc:
-            self._idle.set()  # whatever failed, the writer must never wait for this send
-            if not isinstance(exc, _PEER_GONE):
-                raise
-            self._peer_left()
-            return
-        tg.start_soon(self._finish_send, send, awaited)
-
-    async def _finish_send(self, send: Coroutine[Any, Any, None], awaited: Any) -> None:
-        try:
-            await _resume(send, awaited)
-        except _PEER_GONE:
-            self._peer_left()
-        finally:
-            self._idle.set()
 
     async def _close(self, code: int) -> None:
         # The client is not reading, so the close frame may never leave: bounded, and shielded
@@ -275,26 +184,3 @@ class Connection:
                 await self._ws.close(code)
             except _SEND_FAILURES:
                 pass
-
-
-async def _resume(coroutine: Coroutine[Any, Any, None], awaited: Any) -> None:
-    """Run ``coroutine``, stopped after yielding ``awaited`` to its first caller, to its end.
-
-    ``awaited`` is what an ``await`` inside it handed to the event loop: an asyncio future to
-    wait for, or None for one pass of the loop. The future is waited for with ``asyncio.wait``,
-    not awaited: its ``await`` already started inside the coroutine (a second one raises "await
-    wasn't used with future"), and resuming the coroutine finishes that ``await``, with the
-    future's result or exception where the coroutine expects it. Should waiting fail
-    (cancelled), the coroutine is closed, so its ``finally`` blocks run.
-    """
-    try:
-        while True:
-            if awaited is None:
-                await asyncio.sleep(0)
-            else:
-                await asyncio.wait((awaited,))
-            awaited = coroutine.send(None)
-    except StopIteration:
-        pass
-    finally:
-        coroutine.close()

@@ -2,10 +2,15 @@
 
 An adapter (one per provider family: ACP agents, exec profiles, knowledge sources, the OpenClaw
 gateway) turns a provider into *provider sessions*. The orchestrator owns one provider session per
-bridge session and runs one turn at a time on it. A turn reports progress by calling its
-``TurnSink`` with the event structs below; the orchestrator maps them to the contract's
-``session.update`` notifications (docs/api.md, "Update stream"), accumulates the output text,
-and enforces output limits. Adapters never build wire envelopes.
+bridge session and runs one turn at a time on it, in one task under one cancel scope. A turn
+reports progress by calling its ``TurnSink`` with the event structs below; the orchestrator maps
+them to the contract's ``session.update`` notifications (docs/api.md, "Update stream"),
+accumulates the output text, and enforces output limits. Adapters never build wire envelopes.
+
+How a turn ends is the orchestrator's (``orchestrator.machine``): it bounds the turn with
+``turnTimeout``, asks for a graceful stop with ``ProviderSession.request_cancel``, and cuts the
+turn off by cancelling its scope when the provider has no graceful stop or ``cancelGrace`` ran out;
+a provider cleans up what it started for the turn when it is cut off.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -69,18 +74,39 @@ class PermissionEvent(msgspec.Struct, frozen=True):
 
 
 class StatusEvent(msgspec.Struct, frozen=True):
-    """Anything else worth showing: ``event`` is the raw kind (e.g. an unmapped ACP update kind)."""
+    """Anything else worth showing: ``event`` is the raw kind (e.g. an unknown ACP update kind)."""
 
     event: str
     message: str = ""
     data: dict[str, Any] | None = None
 
 
-TurnEvent = TextDelta | ThoughtDelta | ToolCallEvent | PlanEvent | UsageEvent | PermissionEvent | StatusEvent
+class SessionStateEvent(msgspec.Struct, frozen=True):
+    """The provider session's own state changed (ACP ``available_commands_update``,
+    ``current_mode_update``, ``config_option_update``, ``session_info_update``): ``kind`` and the
+    update's fields. The orchestrator keeps the latest of each kind as the session's state, whenever
+    it arrives; during a turn it is also streamed as a ``status`` update."""
+
+    kind: str
+    data: dict[str, Any] | None = None
+
+
+TurnEvent = (
+    TextDelta | ThoughtDelta | ToolCallEvent | PlanEvent | UsageEvent | PermissionEvent | StatusEvent | SessionStateEvent
+)
 
 
 class TurnSink(Protocol):
-    """Where a running turn reports. Calls never block on clients (bounded queues downstream)."""
+    """Where a turn reports. Calls never block on clients (bounded queues downstream).
+
+    A sink outlives its turn: what a provider reports after the turn's result (an agent's chunk
+    written behind its answer) still reaches it, and is forwarded as part of that turn.
+    """
+
+    def begin(self) -> None:
+        """The provider began the turn's work (ACP: the prompt was sent; a profile: its process
+        runs). Before it, a cancel cuts the turn off at once."""
+        ...
 
     def emit(self, event: TurnEvent) -> None: ...
 
@@ -89,7 +115,7 @@ class TurnSink(Protocol):
 
         Returns:
             The chosen ``optionId``, or None when the request timed out, was cancelled, or the
-            turn ended; the adapter then answers the agent ``cancelled`` / rejects.
+            turn stopped running; the adapter then answers the agent ``cancelled`` / rejects.
         """
         ...
 
@@ -126,6 +152,9 @@ class TurnError(msgspec.Struct, frozen=True):
 
 
 class TurnOutcome(msgspec.Struct, frozen=True):
+    """How a provider's turn ended, as the provider saw it; the orchestrator decides the turn's
+    final status from it and from what happened to the turn meanwhile (cancel, limits)."""
+
     status: TurnStatus
     stop_reason: str | None = None
     error: TurnError | None = None
@@ -133,8 +162,7 @@ class TurnOutcome(msgspec.Struct, frozen=True):
     upstream_session_id: str | None = None
     resolved_model: str | None = None
     context_reset: bool = False
-    output_override: str | None = None  # for providers whose final answer differs from deltas
-    extra: dict[str, Any] = msgspec.field(default_factory=dict)  # merged into the result (artifacts, …)
+    artifacts: list[dict[str, Any]] | None = None  # the result's ``artifacts`` (knowledge turns)
 
 
 # ---- the adapter Protocol -----------------------------------------------------------------------
@@ -159,13 +187,27 @@ class ProviderInfo(msgspec.Struct, frozen=True):
 class ProviderSession(Protocol):
     """One bridge session's state at a provider (e.g. one agent process and its ACP session)."""
 
-    async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
-        """Run one turn to its end. Never raises for provider failures: they are outcomes."""
+    @property
+    def upstream_session_id(self) -> str | None:
+        """The provider's own id for this conversation (ACP session id, a profile's session)."""
         ...
 
-    async def cancel(self) -> None:
-        """Ask the running turn to stop; ``run_turn`` returns ``cancelled`` within ``cancelGrace``
-        plus the kill time."""
+    async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
+        """Run one turn to its end. Never raises for provider failures: they are outcomes.
+
+        When the caller's scope is cancelled (the turn is cut off), end what the turn started
+        (bounded, shielded) and let the cancellation propagate.
+        """
+        ...
+
+    def request_cancel(self) -> bool:
+        """Ask the running turn to stop gracefully (ACP: ``session/cancel``); never blocks.
+
+        Returns:
+            True when a graceful stop was asked for: ``run_turn`` should return (``cancelled``)
+            within ``cancelGrace`` seconds, after which it is cut off. False when the provider has
+            no graceful stop right now: the turn is cut off at once.
+        """
         ...
 
     async def aclose(self) -> None:
@@ -186,6 +228,17 @@ class ProviderAdapter(Protocol):
 
     def open_session(self, session_id: str) -> ProviderSession:
         """A new provider session for bridge session ``session_id``; starts lazily on first turn."""
+        ...
+
+    async def preflight(self, params: dict[str, Any]) -> None:
+        """Refuse a turn whose provider-family params cannot run, before the turn exists.
+
+        Args:
+            params: the turn params that are not core fields (``TurnParams.extra_params()``).
+
+        Raises:
+            bridge.rpc.errors.InvalidParams: -32602 (e.g. ``RETRIEVAL_MODE_UNSUPPORTED``).
+        """
         ...
 
     async def aclose(self) -> None: ...

@@ -4,8 +4,9 @@ Params a method does not know are ignored (the app sends many: ``mode``, ``provi
 ``selectedSkills``, ``metadata``, …); ``params: null`` means absent. A validation failure becomes
 -32602 with the field locations (compat.params.invalid_params).
 
-Every model here defers building its validator to first use (``defer_build``): building them all
-at import was ~7 ms of the bridge's cold start (bench case 6), and most are docs models.
+pydantic, imported with the first request that needs a params model (``bridge.methods``), not at
+start: it was ~60 ms of the bridge's cold start (bench case 6). Every model defers building its
+validator to first use (``defer_build``). The result models are ``orchestrator.results``.
 """
 
 from __future__ import annotations
@@ -81,107 +82,3 @@ class GatewayParams(_Params):
     method: str = ""
     params: dict[str, Any] | None = None
     timeout_ms: float | None = None
-
-
-# ---- result shapes (documentation models: tests validate real results and docs/api.md with them) --
-
-
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-
-class ProviderEntry(_Result):
-    providerId: str
-    label: str
-    targets: list[str]
-    category: str
-    enabled: bool
-    unavailableReason: str | None = None
-    providerDisplay: dict[str, Any] | None = None
-
-
-class ProbeEntry(_Result):
-    providerId: str
-    available: bool
-    status: str
-
-
-class NestedCapabilities(_Result):
-    single_agent: bool
-    multi_agent: bool
-    providerCatalog: list[ProviderEntry]
-    gatewayProviders: list[ProviderEntry]
-    availableExecutionTargets: list[str]
-
-
-class CapabilitiesResult(_Result):
-    singleAgent: bool
-    multiAgent: bool
-    availableExecutionTargets: list[str]
-    providerCatalog: list[ProviderEntry]
-    gatewayProviders: list[ProviderEntry]
-    providerProbeSummary: list[ProbeEntry]
-    capabilities: NestedCapabilities
-    bridge: dict[str, str]
-    methods: list[str]
-    limits: dict[str, float | int]
-
-
-class ResolveResult(_Result):
-    resolvedExecutionTarget: str
-    resolvedProviderId: str
-    resolvedGatewayProviderId: str
-    resolvedModel: str
-    resolvedSkills: list[str]
-    status: str
-    unavailable: bool
-    unavailableCode: str
-    unavailableMessage: str
-    skillResolutionSource: str
-    needsSkillInstall: bool
-    skillInstallRequestId: str
-
-
-class TurnErrorInfo(_Result):
-    code: str
-    message: str
-    providerId: str
-    data: dict[str, Any] | None = None
-
-
-class TurnResult(_Result):
-    model_config = ConfigDict(
-        extra="allow", frozen=True, defer_build=True
-    )  # provider families add fields (artifacts, …)
-
-    success: bool
-    status: str
-    turnId: str | None
-    sessionId: str
-    threadId: str
-    resolvedExecutionTarget: str
-    resolvedProviderId: str
-    resolvedGatewayProviderId: str
-    resolvedModel: str
-    resolvedSkills: list[str]
-    output: str
-    summary: str
-    stopReason: str
-    usage: dict[str, Any] = Field(default_factory=dict)
-    upstreamSessionId: str | None = None
-    contextReset: bool = False
-    error: TurnErrorInfo | None = None
-
-
-class SessionUpdate(_Result):
-    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
-
-    sessionId: str
-    threadId: str
-    turnId: str
-    seq: int = Field(ge=1)
-    type: str
-    event: str
-    pending: bool
-    error: bool
-    structuredEvent: dict[str, Any]

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
+from msgspec import UNSET
 
-from compat.base import ProbeResult, ProviderAdapter, TurnOutcome
+from compat.base import ProbeResult, ProviderAdapter
+from orchestrator.results import ProbeEntry, ProviderEntry
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ServiceAdapter(Protocol):
+    """An adapter that runs as a service for the bridge's life (``AcpAdapter``)."""
+
+    async def run(self, *, task_status: TaskStatus[None] = ...) -> None: ...
 FIRST = ("codex", "opencode", "gemini", "hermes")
 
 
@@ -92,29 +101,29 @@ class ProviderRegistry:
         fails with a clear AGENT_AUTH_REQUIRED (and a hint) rather than a vague "unavailable"."""
         return [i for i in self._order if self.status(i).status in ("ok", "auth_required")]
 
-    def catalog(self) -> list[dict[str, Any]]:
+    def catalog(self) -> list[ProviderEntry]:
         entries = []
         for provider_id in self._order:
             info = self._adapters[provider_id].info
             probe = self.status(provider_id)
-            entry: dict[str, Any] = {
-                "providerId": provider_id,
-                "label": info.label,
-                "targets": list(info.targets),
-                "category": info.category,
-                "enabled": probe.available,
-            }
-            if not probe.available:
-                entry["unavailableReason"] = probe.detail or probe.status
-            entries.append(entry)
+            entries.append(
+                ProviderEntry(
+                    provider_id=provider_id,
+                    label=info.label,
+                    targets=list(info.targets),
+                    category=info.category,
+                    enabled=probe.available,
+                    unavailable_reason=UNSET if probe.available else (probe.detail or probe.status),
+                )
+            )
         return entries
 
-    def probe_summary(self) -> list[dict[str, Any]]:
-        out = []
+    def probe_summary(self) -> list[ProbeEntry]:
+        summary = []
         for provider_id in self._order:
             probe = self.status(provider_id)
-            out.append({"providerId": provider_id, "available": probe.available, "status": probe.status})
-        return out
+            summary.append(ProbeEntry(provider_id=provider_id, available=probe.available, status=probe.status))
+        return summary
 
     async def probe_all(self) -> dict[str, ProbeResult]:
         """Run every enabled provider's full probe concurrently; results are kept for ``status``."""
@@ -137,13 +146,13 @@ class ProviderRegistry:
                     tg.start_soon(one, provider_id, finished)
         return dict(self._full)
 
-    def note_turn(self, provider_id: str, outcome: TurnOutcome) -> None:
+    def note_turn(self, provider_id: str, status: str, error_code: str | None, message: str) -> None:
         """What a turn learned about its provider: an auth failure shows as ``auth_required`` in
         the probe summary until a turn completes (a real turn is the most accurate probe)."""
-        if outcome.error is not None and outcome.error.code == "AGENT_AUTH_REQUIRED":
-            self._full[provider_id] = ProbeResult("auth_required", outcome.error.message[:200])
+        if error_code == "AGENT_AUTH_REQUIRED":
+            self._full[provider_id] = ProbeResult("auth_required", message[:200])
             self._key = None
-        elif outcome.status == "completed":
+        elif status == "completed":
             self._full[provider_id] = ProbeResult("ok")
             self._key = None
 
@@ -159,11 +168,11 @@ class ProviderRegistry:
                 await finished.wait()
 
     async def start(self, tg: TaskGroup) -> None:
-        """Start the adapters that run as services (``run(*, task_status)``: idle reaping)."""
+        """Start the adapters that run as services (``run(*, task_status)``: the ACP adapters host
+        their agents' pumps)."""
         for adapter in self._adapters.values():
-            run = getattr(adapter, "run", None)
-            if run is not None:
-                await tg.start(run)
+            if isinstance(adapter, ServiceAdapter):
+                await tg.start(adapter.run)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

@@ -1,15 +1,16 @@
-"""The session orchestrator: the operations behind ``session.*`` and ``acp.capabilities``.
+"""The session orchestrator: the operations behind ``acp.capabilities``, routing and ``session.*``.
 
 Turns run in the orchestrator's own task group, not in the request's task: a client that
 disconnects does not kill its turn (the update log keeps what it missed), and ``session.cancel``
-from any connection of the same token reaches it. Every wait is bounded.
+from any connection of the same token reaches it. Each turn is an ``orchestrator.turn.Turn``;
+sessions are ``orchestrator.sessions``; paths are checked by ``orchestrator.workspace``.
+
+Must not import: ``bridge`` (except ``bridge.rpc``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,42 +19,41 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from bridge.rpc.errors import InvalidParams, LimitReached, NotFound
-from bridge.rpc.redact import redact
-from compat.base import Attachment, TurnError, TurnOutcome, TurnRequest
-from compat.pacing import turn_ends
+from bridge.rpc.errors import InvalidParams, NotFound
+from compat.base import ProviderSession
 from compat.settings import Limits, Timeouts
-from orchestrator import updates
+from orchestrator.machine import Trigger
 from orchestrator.registry import ProviderRegistry
+from orchestrator.results import (
+    AcceptedResult,
+    BridgeInfo,
+    CancelResult,
+    CapabilitiesResult,
+    CloseResult,
+    NestedCapabilities,
+    ProviderEntry,
+    ResolveResult,
+    TurnResult,
+    UnavailableTurnResult,
+)
 from orchestrator.routing import Resolution, RoutingInput, resolve
-from orchestrator.session import Session, Ticket
-from orchestrator.turn import TurnRunner
+from orchestrator.sessions import Session, SessionTable
+from orchestrator.turn import Turn, TurnInput
+from orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
     from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str, Any], None]
-SUMMARY_CHARS = 280
-
-
-def _resolve(path: str, field: str) -> Path:
-    """``realpath`` of a client path; NUL bytes and over-long paths are -32602, not crashes."""
-    try:
-        return Path(os.path.expanduser(path)).resolve()
-    except (ValueError, OSError) as exc:
-        raise InvalidParams(f"{field} is not a usable path", field=field) from exc
-
-
-def _inside(path: Path, roots: list[Path]) -> bool:
-    return any(path == root or root in path.parents for root in roots)
+SHUTDOWN_SLACK = 10.0  # seconds, past cancelGrace, that ending everything at shutdown may take
 
 
 class Orchestrator:
     """Owns sessions and runs turns on providers.
 
-    Use as ``async with Orchestrator(...) as orch:``; leaving it cancels running turns and ends
-    every provider process (bounded).
+    Use as ``async with Orchestrator(...) as orch:``; leaving it stops running turns and ends every
+    provider process (bounded).
 
     Args:
         registry: the configured providers.
@@ -61,6 +61,8 @@ class Orchestrator:
         limits / timeouts: the named settings of docs/api.md.
         gateway_configured: whether a gateway is configured (routing and capabilities).
         bridge_info: ``{name, version, contractVersion}`` for ``acp.capabilities``.
+        methods: the method names for ``acp.capabilities`` (``bridge.methods``).
+        knowledge: the knowledge service (an async context manager), if any.
     """
 
     def __init__(
@@ -76,22 +78,33 @@ class Orchestrator:
         knowledge: Any = None,
     ) -> None:
         self.registry = registry
-        self.roots = roots
+        self.workspace = Workspace(roots)
         self.limits = limits
         self.timeouts = timeouts
         self.gateway_configured = gateway_configured
-        self.bridge_info = bridge_info or {}
+        info = bridge_info or {}
+        self.bridge_info = BridgeInfo(
+            name=info.get("name", "xworkmate-bridge"),
+            version=info.get("version", ""),
+            contract_version=info.get("contractVersion", ""),
+        )
         self.methods = methods or []
-        self.knowledge = knowledge  # the knowledge service (an async context manager), if any
-        self._sessions: dict[str, Session] = {}
+        self.knowledge = knowledge
+        self.running = anyio.Semaphore(limits.max_running_turns)
+        self.sessions = SessionTable(limits.max_sessions, limits.max_queued_turns, self._forgotten)
         self._tg: TaskGroup | None = None
-        self._running = anyio.Semaphore(limits.max_running_turns, fast_acquire=True)  # no extra loop pass per turn
-        self._capabilities: tuple[Any, dict[str, Any]] | None = None
+        self._capabilities: tuple[Any, CapabilitiesResult] | None = None
+
+    @property
+    def roots(self) -> list[Path]:
+        return self.workspace.roots
 
     @property
     def idle(self) -> bool:
         """No turn is running."""
-        return self._running.value == self.limits.max_running_turns
+        return self.running.value == self.limits.max_running_turns
+
+    # ---- lifetime ----------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Orchestrator:
         if self.knowledge is not None:
@@ -104,9 +117,7 @@ class Orchestrator:
         return self
 
     def _log_start(self) -> None:
-        for root in self.roots:
-            if not root.is_dir():
-                log.warning("workspace root %s does not exist: turns cannot run there", root)
+        self.workspace.warn_missing()
         for provider_id in self.registry.ids:
             probe = self.registry.status(provider_id)
             log.info("provider %s: %s%s", provider_id, probe.status, "" if probe.available else f" ({probe.detail})")
@@ -114,8 +125,13 @@ class Orchestrator:
     async def __aexit__(self, *exc_info: Any) -> None:
         assert self._tg is not None
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self.timeouts.cancel_grace + 10):
-                for session in list(self._sessions.values()):
+            with anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
+                turns = [turn for session in self.sessions for turn in session.turns]
+                for turn in turns:
+                    turn.stop(Trigger.SHUTDOWN)
+                for turn in turns:
+                    await turn.ended.wait()
+                for session in self.sessions:
                     await self._end_provider_session(session)
             await self.registry.aclose()
         self._tg.cancel_scope.cancel()
@@ -123,53 +139,55 @@ class Orchestrator:
             await self._tg.__aexit__(*exc_info)
         finally:
             if self.knowledge is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_SLACK):
                     await self.knowledge.__aexit__(None, None, None)
 
-    # ---- capabilities and routing ---------------------------------------------------------------
+    # ---- capabilities and routing ------------------------------------------------------------------
 
-    def capabilities(self) -> dict[str, Any]:
-        """``acp.capabilities``; rebuilt only when a probe result changed (it is the hottest call
-        of a polling client, and building it walks every provider and pydantic model)."""
+    def capabilities(self) -> CapabilitiesResult:
+        """``acp.capabilities``; rebuilt only when a provider's status changed (the hottest call of
+        a polling client, and building it walks every provider)."""
         key = self.registry.snapshot_key()
         if self._capabilities is None or self._capabilities[0] != key:
             self._capabilities = (key, self._build_capabilities())
         return self._capabilities[1]
 
-    def _build_capabilities(self) -> dict[str, Any]:
+    def _build_capabilities(self) -> CapabilitiesResult:
         catalog = self.registry.catalog()
         targets = ["agent", "gateway"] if self.gateway_configured else ["agent"]
         gateways = (
             [
-                {
-                    "providerId": "openclaw",
-                    "label": "OpenClaw",
-                    "targets": ["gateway"],
-                    "providerDisplay": {"logoEmoji": "🦞"},
-                }
+                ProviderEntry(
+                    provider_id="openclaw",
+                    label="OpenClaw",
+                    targets=["gateway"],
+                    category="gateway",
+                    enabled=True,
+                    provider_display={"logoEmoji": "🦞"},
+                )
             ]
             if self.gateway_configured
             else []
         )
-        single = any(entry["enabled"] for entry in catalog)
-        return {
-            "singleAgent": single,
-            "multiAgent": False,
-            "availableExecutionTargets": targets,
-            "providerCatalog": catalog,
-            "gatewayProviders": gateways,
-            "providerProbeSummary": self.registry.probe_summary(),
-            "capabilities": {
-                "single_agent": single,
-                "multi_agent": False,
-                "providerCatalog": catalog,
-                "gatewayProviders": gateways,
-                "availableExecutionTargets": targets,
-            },
-            "bridge": self.bridge_info,
-            "methods": self.methods,
-            "limits": {**msgspec.to_builtins(self.limits), **msgspec.to_builtins(self.timeouts)},
-        }
+        single = any(entry.enabled for entry in catalog)
+        return CapabilitiesResult(
+            single_agent=single,
+            multi_agent=False,
+            available_execution_targets=targets,
+            provider_catalog=catalog,
+            gateway_providers=gateways,
+            provider_probe_summary=self.registry.probe_summary(),
+            capabilities=NestedCapabilities(
+                single_agent=single,
+                multi_agent=False,
+                provider_catalog=catalog,
+                gateway_providers=gateways,
+                available_execution_targets=targets,
+            ),
+            bridge=self.bridge_info,
+            methods=self.methods,
+            limits={**msgspec.to_builtins(self.limits), **msgspec.to_builtins(self.timeouts)},
+        )
 
     def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:
         try:
@@ -186,168 +204,75 @@ class Orchestrator:
         chosen = resolution.resolved_provider_id
         if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:
             if chosen not in self.registry.ids:
-                resolution.unavailable_message = (
-                    f"unknown provider: {chosen[:100]} (configured: {', '.join(self.registry.ids) or 'none'})"
-                )
+                configured = ", ".join(self.registry.ids) or "none"
+                resolution.unavailable_message = f"unknown provider: {chosen[:100]} (configured: {configured})"
             else:
                 reason = self.registry.status(chosen)
                 resolution.unavailable_message = f"provider {chosen} is unavailable: {reason.detail or reason.status}"
         return resolution
 
-    def resolve(self, params: ResolveParams) -> dict[str, Any]:
-        return self._route(params.task_prompt, params.routing, params.model).to_wire()
+    def resolve(self, params: ResolveParams) -> ResolveResult:
+        """``xworkmate.routing.resolve``.
 
-    # ---- sessions -------------------------------------------------------------------------------
+        Raises:
+            InvalidParams: -32602, ``routing`` is malformed.
+        """
+        return resolve_result(self._route(params.task_prompt, params.routing, params.model))
 
-    def _owned(self, session_id: str, principal: str) -> Session | None:
-        session = self._sessions.get(session_id)
-        if session is not None and session.owner != principal:
-            raise NotFound("unknown session", sessionId=session_id)
-        return session
+    # ---- turns -------------------------------------------------------------------------------------
 
-    def _session_for_turn(self, params: TurnParams, principal: str) -> Session:
-        session = self._owned(params.session_id, principal)
-        thread_id = params.thread_id or params.session_id
-        if session is None:
-            if len(self._sessions) >= self.limits.max_sessions and not self._evict_idle():
-                raise LimitReached("too many sessions", limit="maxSessions", value=self.limits.max_sessions)
-            session = Session(params.session_id, principal, thread_id, max_queued=self.limits.max_queued_turns)
-            self._sessions[params.session_id] = session
-        else:
-            session.thread_id = thread_id
-        return session
-
-    def _evict_idle(self, older_than: float | None = None) -> int:
-        """Forget idle sessions: the least recently used one (making room), or every one idle for
-        longer than ``older_than`` seconds. Their agent processes end in the background."""
-        idle = sorted((s for s in self._sessions.values() if not s.busy), key=lambda s: s.last_active)
-        if older_than is not None:
-            limit = time.monotonic() - older_than
-            idle = [s for s in idle if s.last_active < limit]
-        else:
-            idle = idle[:1]
-        for session in idle:
-            self._sessions.pop(session.session_id, None)
-            assert self._tg is not None
-            self._tg.start_soon(self._end_provider_session, session)
-            log.info("forgot idle session %s", session.session_id[:80])
-        return len(idle)
-
-    async def _sweep_sessions(self) -> None:
-        interval = min(60.0, self.timeouts.session_idle_timeout / 2)
-        while True:
-            await anyio.sleep(interval)
-            self._evict_idle(self.timeouts.session_idle_timeout)
-
-    def _working_directory(self, requested: str | None) -> str:
-        if requested is None:
-            for root in self.roots:
-                if root.is_dir():
-                    return str(root)
-            raise InvalidParams("no workspace root exists; create one or fix workspaceRoots", field="workingDirectory")
-        real = _resolve(requested, "workingDirectory")
-        if not real.is_dir():
-            raise InvalidParams(
-                f"workingDirectory is not an existing directory: {requested}"[:600], field="workingDirectory"
-            )
-        if not _inside(real, self.roots):
-            raise InvalidParams(
-                f"workingDirectory is outside the workspace roots: {requested}"[:600], field="workingDirectory"
-            )
-        return str(real)
-
-    def _attachments(self, params: TurnParams) -> tuple[Attachment, ...]:
-        out = []
-        for index, item in enumerate(params.attachments):
-            real = _resolve(item.path, f"attachments.{index}.path")
-            if not _inside(real, self.roots) or not real.exists():
-                raise InvalidParams(
-                    "attachment path is missing or outside the workspace roots", field=f"attachments.{index}.path"
-                )
-            out.append(Attachment(item.name or real.name, str(real), item.description))
-        return tuple(out)
-
-    async def run_turn(self, params: TurnParams, principal: str, notify: Notify, *, start: bool) -> dict[str, Any]:
+    async def run_turn(
+        self, params: TurnParams, principal: str, notify: Notify, *, start: bool
+    ) -> TurnResult | UnavailableTurnResult:
         """``session.start`` (start=True) or ``session.message``: run one turn and return its result.
 
         Everything before the first ``await`` is synchronous, so turns are queued in the order the
         requests were read.
 
         Raises:
-            InvalidParams: -32602, bad workingDirectory or attachment.
+            InvalidParams: -32602, bad workingDirectory, attachment or routing; or the provider
+                refused the turn's params (``preflight``).
             NotFound: -32004, the session belongs to another token.
             SessionBusy: -32005 (``turn_running`` / ``queue_full``).
             LimitReached: -32006, ``maxSessions`` sessions exist.
         """
-        cwd = self._working_directory(params.working_directory)
-        attachments = self._attachments(params)
+        cwd = self.workspace.working_directory(params.working_directory)
+        attachments = self.workspace.attachments(params.attachments)
         resolution = self._route(params.task_prompt, params.routing, params.model)
-        session = self._session_for_turn(params, principal)
-        base = {"sessionId": session.session_id, "threadId": session.thread_id}
+        session = self.sessions.open(params.session_id, principal, params.thread_id or params.session_id)
         if resolution.unavailable:
-            return {**base, "success": False, "status": "unavailable", **resolution.to_wire()}
-        ticket = session.admit(start=start)
+            return unavailable_result(session, resolution)
+        spec = TurnInput(
+            prompt=params.task_prompt,
+            cwd=cwd,
+            attachments=attachments,
+            resolution=resolution,
+            principal=principal,
+            start=start,
+            extra=params.extra_params(),
+        )
+        turn = Turn(self, session, spec, notify)
+        session.admit(turn, start=start)
         try:
-            await self._preflight(resolution.resolved_provider_id, params)
+            await self._preflight(resolution.resolved_provider_id, spec.extra)
         except BaseException:
-            session.release(ticket)
+            session.release(turn)
             raise
-        done = anyio.Event()
-        box: dict[str, Any] = {}
-
-        async def execute() -> None:
-            try:
-                await ticket.ready.wait()
-                if ticket.cancelled:
-                    box["result"] = self._cancelled_before_start(base, resolution)
-                    return
-                async with self._running:  # bounds concurrent turns (agent spawns) bridge-wide
-                    box["result"] = await self._execute(
-                        session, ticket, params, resolution, cwd, attachments, principal, notify, start
-                    )
-            except BaseException:
-                box["result"] = None
-                raise
-            finally:
-                session.release(ticket)
-                done.set()
-
         assert self._tg is not None, "use the Orchestrator as an async context manager"
-        self._tg.start_soon(execute)
-        await done.wait()
-        if box.get("result") is None:
-            raise RuntimeError("turn task failed")
-        return box["result"]
+        self._tg.start_soon(turn.run)
+        await turn.ended.wait()
+        assert turn.result is not None
+        return turn.result
 
-    async def _preflight(self, provider_id: str, params: TurnParams) -> None:
-        """Let the provider reject params before the turn exists (no turnId, no updates).
+    async def _preflight(self, provider_id: str, extra: dict[str, Any]) -> None:
+        """Let the provider refuse params before the turn exists (no turnId, no updates)."""
+        adapter = self.registry.get(provider_id)
+        if adapter is not None:
+            await adapter.preflight(extra)
 
-        Raises:
-            InvalidParams: -32602 from the provider (e.g. ``RETRIEVAL_MODE_UNSUPPORTED``).
-        """
-        preflight = getattr(self.registry.get(provider_id), "preflight", None)
-        if preflight is not None:
-            await preflight(params.extra_params())
-
-    def _cancelled_before_start(self, base: dict[str, Any], resolution: Resolution) -> dict[str, Any]:
-        return {
-            **base,
-            "success": False,
-            "status": "cancelled",
-            "turnId": None,
-            "output": "",
-            "summary": "",
-            "stopReason": "cancelled",
-            **_resolved(resolution),
-            "error": {
-                "code": "CANCELLED",
-                "message": "cancelled before it started",
-                "providerId": resolution.resolved_provider_id,
-            },
-        }
-
-    async def _prepare_provider(self, session: Session, provider_id: str, start: bool) -> bool:
-        """Make sure the session has a provider session for ``provider_id``; True if context was lost."""
+    async def provider_for(self, session: Session, provider_id: str, *, start: bool) -> tuple[ProviderSession, bool]:
+        """The session's provider session for ``provider_id`` (``TurnHost``), and whether the
+        conversation's context was lost (the provider changed under a conversation)."""
         reset = False
         if start:
             session.history.clear()
@@ -357,219 +282,106 @@ class Orchestrator:
             await self._end_provider_session(session)
         if session.provider_session is None:
             adapter = self.registry.get(provider_id)
-            assert adapter is not None
+            if adapter is None:
+                raise LookupError(f"no adapter for provider {provider_id!r}")
             session.provider_session = adapter.open_session(session.session_id)
             session.provider_id = provider_id
-        return reset
+        return session.provider_session, reset
 
-    async def _execute(
-        self,
-        session: Session,
-        ticket: Ticket,
-        params: TurnParams,
-        resolution: Resolution,
-        cwd: str,
-        attachments: tuple[Attachment, ...],
-        principal: str,
-        notify: Notify,
-        start: bool,
-    ) -> dict[str, Any]:
-        provider_id = resolution.resolved_provider_id
-        base = {"sessionId": session.session_id, "threadId": session.thread_id}
-        await self.registry.wait_probe(provider_id, self.timeouts.initialize_timeout)
-        if ticket.cancelled:  # session.cancel while it waited: it never started
-            return self._cancelled_before_start(base, resolution)
-        reset = await self._prepare_provider(session, provider_id, start)
-        if ticket.cancelled:
-            return self._cancelled_before_start(base, resolution)
-        provider = session.provider_session
-        assert provider is not None and self._tg is not None
-        turn_id = f"turn-{time.time_ns()}"
-        tg = self._tg
-        runner = TurnRunner(
-            session, turn_id, notify, self.limits, self.timeouts, on_output_limit=lambda: tg.start_soon(provider.cancel)
-        )
-        session.current_turn = runner
-        request = TurnRequest(
-            session_id=session.session_id,
-            thread_id=session.thread_id,
-            turn_id=turn_id,
-            prompt=params.task_prompt,
-            working_directory=cwd,
-            model=resolution.resolved_model or None,
-            attachments=attachments,
-            principal=principal,
-            extra=params.extra_params(),
-        )
-        started = time.monotonic()
-        runner.publish(updates.started())
-        try:
-            outcome = await self._bounded_turn(provider, request, runner)
-            # Still the running turn meanwhile: a session.cancel read now marks it cancelled.
-            with anyio.CancelScope(shield=True):  # bounded: the turn ends that came first
-                await turn_ends().wait()  # the done update and the reply: one turn per pass
-        finally:
-            session.current_turn = None
-        outcome = self._final_outcome(outcome, runner)
-        self.registry.note_turn(provider_id, outcome)
-        output = outcome.output_override if outcome.output_override is not None else runner.output
-        error_code = outcome.error.code if outcome.error else None
-        runner.finish(
-            outcome.status,
-            output
-            if outcome.status == "completed" or output
-            else (outcome.error.message if outcome.error else outcome.status),
-            error_code,
-        )
-        session.working_directory = cwd
-        session.record("user", params.task_prompt)
-        if output:
-            session.record("assistant", output)
-        log.info(
-            "turn %s on %s ended %s%s in %.2fs",
-            turn_id,
-            provider_id,
-            outcome.status,
-            f" ({error_code})" if error_code else "",
-            time.monotonic() - started,
-        )
-        return self._result(session, resolution, turn_id, outcome, output, reset)
+    # ---- cancel, close, permission -----------------------------------------------------------------
 
-    async def _bounded_turn(self, provider: Any, request: TurnRequest, runner: TurnRunner) -> TurnOutcome:
-        # Adapters bound their own turns; this outer bound only guards against an adapter bug.
-        limit = self.timeouts.turn_timeout + 2 * self.timeouts.cancel_grace + 15
-        with anyio.move_on_after(limit):
-            try:
-                return await provider.run_turn(request, runner)
-            except Exception as exc:
-                log.exception("adapter failed")
-                return TurnOutcome("failed", error=TurnError("INTERNAL_ERROR", f"adapter failed: {type(exc).__name__}"))
-        return TurnOutcome("timeout", error=TurnError("TURN_TIMEOUT", "the turn did not end in time"))
-
-    def _final_outcome(self, outcome: TurnOutcome, runner: TurnRunner) -> TurnOutcome:
-        if runner.output_exceeded:
-            message = f"the turn's output passed maxOutputBytes ({self.limits.max_output_bytes} bytes)"
-            return TurnOutcome(
-                "failed",
-                stop_reason=outcome.stop_reason,
-                usage=outcome.usage,
-                error=TurnError("OUTPUT_LIMIT", message),
-                upstream_session_id=outcome.upstream_session_id,
-                resolved_model=outcome.resolved_model,
-                context_reset=outcome.context_reset,
-            )
-        if runner.cancel_requested and outcome.status in ("completed", "failed"):
-            return TurnOutcome(
-                "cancelled",
-                stop_reason="cancelled",
-                usage=outcome.usage,
-                upstream_session_id=outcome.upstream_session_id,
-                resolved_model=outcome.resolved_model,
-                context_reset=outcome.context_reset,
-            )
-        return outcome
-
-    def _result(
-        self, session: Session, resolution: Resolution, turn_id: str, outcome: TurnOutcome, output: str, reset: bool
-    ) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "success": outcome.status == "completed",
-            "status": outcome.status,
-            "turnId": turn_id,
-            "sessionId": session.session_id,
-            "threadId": session.thread_id,
-            **_resolved(resolution),
-            "resolvedModel": outcome.resolved_model or "",
-            "output": output,
-            "summary": output.strip()[:SUMMARY_CHARS],
-            "stopReason": outcome.stop_reason or ("end_turn" if outcome.status == "completed" else outcome.status),
-            "usage": outcome.usage or {},
-            "upstreamSessionId": outcome.upstream_session_id,
-            "contextReset": bool(reset or outcome.context_reset),
-        }
-        if outcome.error is not None and outcome.status != "completed":
-            error: dict[str, Any] = {
-                "code": outcome.error.code,
-                "message": redact(outcome.error.message),
-                "providerId": resolution.resolved_provider_id,
-            }
-            if outcome.error.data:
-                error["data"] = outcome.error.data
-            result["error"] = error
-        result.update(outcome.extra)
-        return result
-
-    # ---- cancel, close, permission --------------------------------------------------------------
-
-    def cancel(self, session_id: str, principal: str) -> dict[str, Any]:
-        """``session.cancel``: ``{accepted: true, cancelled: <a turn was running>}``.
+    def cancel(self, session_id: str, principal: str) -> CancelResult:
+        """``session.cancel``: ``{accepted: true, cancelled: <a running or queued turn will end
+        because of it>}``.
 
         Raises:
             NotFound: -32004, the session belongs to another token.
         """
-        session = self._owned(session_id, principal)
-        if session is None:
-            return {"accepted": True, "cancelled": False}
-        queued = session.cancel_waiting() + int(session.cancel_active())
-        runner = session.current_turn
-        if runner is not None and not runner.cancel_requested:
-            runner.cancel_requested = True  # new permission requests are refused from now on
-            assert self._tg is not None
-            self._tg.start_soon(self._cancel_turn, session.provider_session, runner)
-        return {"accepted": True, "cancelled": runner is not None or queued > 0}
+        session = self.sessions.owned(session_id, principal)
+        cancelled = False
+        if session is not None:
+            for turn in list(session.turns):
+                cancelled = turn.stop(Trigger.CANCEL) or cancelled
+        return CancelResult(accepted=True, cancelled=cancelled)
 
-    async def _cancel_turn(self, provider: Any, runner: TurnRunner) -> None:
-        # ACP order: session/cancel goes out before pending permission requests are answered
-        # "cancelled" (the adapter answers its own); the client-facing ones are released after.
-        try:
-            if provider is not None:
-                await provider.cancel()
-        finally:
-            runner.cancel_permissions()
+    async def close(self, session_id: str, principal: str) -> CloseResult:
+        """``session.close``: stop its turns at once, end the provider session and its process,
+        forget the session.
 
-    async def close(self, session_id: str, principal: str) -> dict[str, Any]:
-        """``session.close``: cancel, end the provider session and its process, forget the session."""
-        session = self._owned(session_id, principal)
+        Raises:
+            NotFound: -32004, the session belongs to another token.
+        """
+        session = self.sessions.owned(session_id, principal)
         if session is None:
-            return {"accepted": True, "closed": False}
-        self.cancel(session_id, principal)
-        self._sessions.pop(session_id, None)
-        with anyio.CancelScope(shield=True):
+            return CloseResult(accepted=True, closed=False)
+        self.sessions.pop(session_id)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
+            turns = list(session.turns)
+            for turn in turns:
+                turn.stop(Trigger.CLOSE)
+            for turn in turns:
+                await turn.ended.wait()
             await self._end_provider_session(session)
-        return {"accepted": True, "closed": True}
+        return CloseResult(accepted=True, closed=True)
 
-    async def _end_provider_session(self, session: Session) -> None:
-        provider, session.provider_session, session.provider_id = session.provider_session, None, None
-        if provider is not None:
-            with anyio.move_on_after(self.timeouts.cancel_grace + 10):
-                await provider.aclose()
-
-    def permission(self, params: PermissionParams, principal: str) -> dict[str, Any]:
+    def permission(self, params: PermissionParams, principal: str) -> AcceptedResult:
         """``session.permission``: answer a pending ``ask`` permission request.
 
         Raises:
             NotFound: -32004, unknown session/request, already answered, or another token's session.
             InvalidParams: -32602, ``optionId`` is not one of the request's options.
         """
-        session = self._owned(params.session_id, principal)
+        session = self.sessions.owned(params.session_id, principal)
         pending = session.permissions.get(params.request_id) if session else None
         if pending is None or pending.answered.is_set():
             raise NotFound("unknown or already answered permission request", requestId=params.request_id)
         if pending.option_ids and params.option_id not in pending.option_ids:
             raise InvalidParams("optionId is not one of the request's options", field="optionId")
         pending.answer(params.option_id)
-        return {"accepted": True}
+        return AcceptedResult(accepted=True)
+
+    # ---- sessions ----------------------------------------------------------------------------------
+
+    def _forgotten(self, session: Session) -> None:
+        """The table forgot ``session`` (idle): its agent process ends in the background."""
+        assert self._tg is not None
+        self._tg.start_soon(self._end_provider_session, session)
+
+    async def _sweep_sessions(self) -> None:
+        interval = min(60.0, self.timeouts.session_idle_timeout / 2)
+        while True:
+            await anyio.sleep(interval)
+            self.sessions.evict_idle(self.timeouts.session_idle_timeout)
+
+    async def _end_provider_session(self, session: Session) -> None:
+        provider, session.provider_session, session.provider_id = session.provider_session, None, None
+        if provider is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
+                await provider.aclose()
 
 
-def _resolved(resolution: Resolution) -> dict[str, Any]:
-    wire = resolution.to_wire()
-    return {
-        k: wire[k]
-        for k in (
-            "resolvedExecutionTarget",
-            "resolvedProviderId",
-            "resolvedGatewayProviderId",
-            "resolvedModel",
-            "resolvedSkills",
-        )
-    }
+def resolve_result(resolution: Resolution) -> ResolveResult:
+    return ResolveResult(
+        resolved_execution_target=resolution.resolved_execution_target,
+        resolved_provider_id=resolution.resolved_provider_id,
+        resolved_gateway_provider_id=resolution.resolved_gateway_provider_id,
+        resolved_model=resolution.resolved_model,
+        resolved_skills=list(resolution.resolved_skills),
+        status="unavailable" if resolution.unavailable else "available",
+        unavailable=resolution.unavailable,
+        unavailable_code=resolution.unavailable_code,
+        unavailable_message=resolution.unavailable_message,
+        skill_resolution_source=resolution.skill_resolution_source,
+        needs_skill_install=resolution.needs_skill_install,
+        skill_install_request_id=resolution.skill_install_request_id,
+    )
+
+
+def unavailable_result(session: Session, resolution: Resolution) -> UnavailableTurnResult:
+    wire = resolve_result(resolution)
+    return UnavailableTurnResult(
+        success=False,
+        session_id=session.session_id,
+        thread_id=session.thread_id,
+        **{f: getattr(wire, f) for f in wire.__struct_fields__},
+    )

@@ -1,39 +1,71 @@
-"""One running turn: the ``TurnSink`` adapters report to, output accounting and limits.
+"""One turn of one session: the task that runs it, the one cancel scope that bounds it, the state
+machine it drives (``orchestrator.machine``), and the ``TurnSink`` its provider reports to.
 
-The turn publishes each update to its session's log (which numbers it) and to the requesting
-connection. Publishing never blocks: connections buffer with a bound and drop slow clients, so a
-stuck client cannot stall an agent (field-failures #7).
+Every way a turn can stop is a trigger fed to :meth:`Turn.fire`, and each side effect hangs off a
+transition there: a stop asks the provider for a graceful stop (``request_cancel``) and gives it
+``cancelGrace`` seconds by moving the scope's deadline, or cuts it off at once by cancelling the
+scope; leaving RUNNING answers pending permission requests. ``turnTimeout`` is the scope's
+deadline. Nothing a turn raises reaches the orchestrator: an unexpected error is that turn's
+failure (``INTERNAL_ERROR``), logged with its traceback.
+
+Publishing never blocks: connections buffer with a bound and drop slow clients, so a stuck client
+cannot stall an agent (field-failures #7). The sink outlives the turn: what the provider reports
+after the result (a chunk written behind the agent's answer) is still published as part of this
+turn, with the next ``seq``.
+
+Must not import: ``bridge`` (except ``bridge.rpc``).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import uuid4
 
 import anyio
-import msgspec
+from msgspec import UNSET
 
-from compat.base import PermissionEvent, TextDelta, ThoughtDelta, TurnEvent
+from bridge.rpc.codec import cut_utf8, utf8_len
+from bridge.rpc.redact import redact
+from compat.base import (
+    Attachment,
+    PermissionEvent,
+    ProviderSession,
+    SessionStateEvent,
+    TextDelta,
+    ThoughtDelta,
+    TurnEvent,
+    TurnOutcome,
+    TurnRequest,
+)
 from compat.settings import Limits, Timeouts
 from orchestrator import updates
-from orchestrator.session import Session
+from orchestrator.machine import Trigger, TurnMachine, TurnState
+from orchestrator.results import TurnErrorInfo, TurnResult
+from orchestrator.routing import Resolution
+from orchestrator.sessions import Session
 
+if TYPE_CHECKING:
+    from orchestrator.registry import ProviderRegistry
+
+log = logging.getLogger(__name__)
 Notify = Callable[[str, Any], None]
+SUMMARY_CHARS = 280
+_LIVE = (TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING, TurnState.FINISHING)
+_CAN_STOP = (TurnState.QUEUED, TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING)
 
 
-def cut_utf8(text: str, max_bytes: int) -> str:
-    """The longest prefix of ``text`` whose UTF-8 encoding fits in ``max_bytes``."""
-    encoded = text.encode("utf-8", "surrogatepass")
-    if len(encoded) <= max_bytes:
-        return text
-    return encoded[:max_bytes].decode("utf-8", "ignore")
+class PendingPermission:
+    """A permission request forwarded to the client (policy ``ask``), until it is answered."""
 
+    __slots__ = ("answered", "option_id", "option_ids")
 
-class PendingPermission(msgspec.Struct, eq=False):
-    option_ids: frozenset[str]
-    answered: anyio.Event = msgspec.field(default_factory=anyio.Event)
-    option_id: str | None = None
+    def __init__(self, option_ids: frozenset[str]) -> None:
+        self.option_ids = option_ids
+        self.answered = anyio.Event()
+        self.option_id: str | None = None
 
     def answer(self, option_id: str | None) -> None:
         if not self.answered.is_set():
@@ -41,100 +73,377 @@ class PendingPermission(msgspec.Struct, eq=False):
             self.answered.set()
 
 
-class TurnRunner:
-    """Implements ``compat.base.TurnSink`` for one turn.
+class TurnHost(Protocol):
+    """What a turn needs from the orchestrator."""
 
-    Args:
-        session: the bridge session the turn belongs to.
-        turn_id: ``turn-<unix nanoseconds>``.
-        notify: sends a notification to the requesting connection (never blocks).
-        on_output_limit: called once when the output passes ``limits.max_output_bytes``; it
-            should stop the provider turn.
-    """
+    limits: Limits
+    timeouts: Timeouts
+    registry: ProviderRegistry
+    running: anyio.Semaphore  # turns running at once, bridge-wide (``maxRunningTurns``)
+
+    async def provider_for(self, session: Session, provider_id: str, *, start: bool) -> tuple[ProviderSession, bool]:
+        """The session's provider session for ``provider_id`` and whether context was lost."""
+        ...
+
+
+class TurnInput:
+    """What the orchestrator decided before admitting the turn (all checked already)."""
+
+    __slots__ = ("attachments", "cwd", "extra", "principal", "prompt", "resolution", "start")
 
     def __init__(
         self,
-        session: Session,
-        turn_id: str,
-        notify: Notify,
-        limits: Limits,
-        timeouts: Timeouts,
-        on_output_limit: Callable[[], None],
+        *,
+        prompt: str,
+        cwd: str,
+        attachments: tuple[Attachment, ...],
+        resolution: Resolution,
+        principal: str,
+        start: bool,
+        extra: dict[str, Any],
     ) -> None:
-        self.session = session
-        self.turn_id = turn_id
+        self.prompt = prompt
+        self.cwd = cwd
+        self.attachments = attachments
+        self.resolution = resolution
+        self.principal = principal
+        self.start = start
+        self.extra = extra
+
+
+class Turn:
+    """One turn: create it, ``session.admit`` it, run :meth:`run` in a task, await :attr:`ended`.
+
+    Args:
+        host: the orchestrator.
+        session: the bridge session.
+        spec: what to run.
+        notify: sends a notification to the requesting connection (never blocks).
+    """
+
+    def __init__(self, host: TurnHost, session: Session, spec: TurnInput, notify: Notify) -> None:
+        self.machine = TurnMachine()
+        self.turn_id: str | None = None
+        self.result: TurnResult | None = None
+        self.ended = anyio.Event()
+        self.provider: ProviderSession | None = None
+        self._host = host
+        self._session = session
+        self._spec = spec
         self._notify = notify
-        self._limits = limits
-        self._timeouts = timeouts
-        self._on_output_limit = on_output_limit
+        self._limits = host.limits
+        self._scope = anyio.CancelScope()
+        self._outcome: TurnOutcome | None = None
+        self._context_reset = False
         self._parts: list[str] = []
         self._output_bytes = 0
         self._thought_bytes = 0
-        self.output_exceeded = False
-        self.cancel_requested = False
+        self._started = 0.0
+        self._announced = False  # the ``started`` update is out: a ``done`` must follow
+        self._history_index: int | None = None  # where this turn's answer sits in the session's history
+
+    @property
+    def state(self) -> TurnState:
+        return self.machine.state
 
     @property
     def output(self) -> str:
+        """The text streamed so far (a chunk that came after the result included)."""
         return "".join(self._parts)
 
-    def publish(self, params: dict[str, Any]) -> None:
-        full = {"sessionId": self.session.session_id, "threadId": self.session.thread_id, "turnId": self.turn_id}
-        full.update(params)
-        self.session.log.append(full)
-        self._notify("session.update", full)
+    # ---- the one place a turn's state changes ----------------------------------------------------
+
+    def fire(self, trigger: Trigger) -> TurnState:
+        """Apply ``trigger`` and its side effects.
+
+        Raises:
+            orchestrator.machine.TurnStateError: ``trigger`` is not allowed now (a bridge bug).
+        """
+        old = self.machine.state
+        new = self.machine.fire(trigger)
+        if new is TurnState.CANCELLING and old is not TurnState.CANCELLING:
+            graceful = old is TurnState.RUNNING and trigger in (Trigger.CANCEL, Trigger.OUTPUT_LIMIT)
+            self._stop(graceful)
+        elif new is TurnState.CANCELLING and trigger in (Trigger.CLOSE, Trigger.SHUTDOWN):
+            self._scope.cancel()  # no more grace
+        elif new is TurnState.ENDED and old is TurnState.QUEUED:
+            self._scope.cancel()  # wake the waiting task: it ends the turn
+        if new is TurnState.FINISHING and old is not TurnState.FINISHING:
+            self._release_permissions()
+        return new
+
+    def stop(self, trigger: Trigger) -> bool:
+        """A stop from outside (``cancel``, ``close``, ``shutdown``); whether the turn will end
+        because of it (False once its outcome is known)."""
+        state = self.machine.state
+        if state is TurnState.ENDED:
+            return False
+        self.fire(trigger)
+        return state in _CAN_STOP
+
+    def _stop(self, graceful: bool) -> None:
+        provider = self.provider
+        if graceful and provider is not None and provider.request_cancel():
+            # ACP order: session/cancel went out first, then pending permissions are answered.
+            self._release_permissions()
+            self._scope.deadline = min(self._scope.deadline, anyio.current_time() + self._host.timeouts.cancel_grace)
+        else:
+            self._release_permissions()
+            self._scope.cancel()
+
+    def _release_permissions(self) -> None:
+        for pending in tuple(self._session.permissions.values()):
+            pending.answer(None)
+
+    # ---- the task --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run the turn to its end; never raises (but for the cancellation of the caller)."""
+        try:
+            with self._scope:
+                await self._session.wait_turn(self)
+                async with self._host.running:  # bounds concurrent turns (agent spawns) bridge-wide
+                    self.fire(Trigger.ADMIT)
+                    await self._execute()
+        except Exception:
+            log.exception("turn %s on session %s failed unexpectedly", self.turn_id, self._session.session_id[:80])
+            if self.machine.allows(Trigger.CRASH):
+                self.fire(Trigger.CRASH)
+        finally:
+            self._finish()  # never awaits: a cancelled caller still gets the turn's end
+
+    async def _execute(self) -> None:
+        spec, host = self._spec, self._host
+        provider_id = spec.resolution.resolved_provider_id
+        self.turn_id = f"turn-{time.time_ns()}"
+        self._started = time.monotonic()
+        await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
+        self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
+        self._scope.deadline = anyio.current_time() + host.timeouts.turn_timeout
+        self._announced = True
+        self.publish(updates.started())
+        self._send_unsent_state()
+        request = TurnRequest(
+            session_id=self._session.session_id,
+            thread_id=self._session.thread_id,
+            turn_id=self.turn_id,
+            prompt=spec.prompt,
+            working_directory=spec.cwd,
+            model=spec.resolution.resolved_model or None,
+            attachments=spec.attachments,
+            principal=spec.principal,
+            extra=spec.extra,
+        )
+        self._outcome = await self.provider.run_turn(request, self)
+        self.fire(Trigger.RESULT)
+
+    def _finish(self) -> None:
+        """After the scope: decide the end, publish ``done``, build the result, give up the slot."""
+        state = self.machine.state
+        if state in (TurnState.STARTING, TurnState.RUNNING):
+            self.fire(Trigger.TIMEOUT)  # the scope's deadline, turnTimeout, cut the provider off
+        elif state is TurnState.CANCELLING:
+            self.fire(Trigger.STOPPED)
+        try:
+            if self._announced:
+                self.result = self._ended()
+            else:  # stopped (or failed) before it started: no updates, no turnId
+                if self.machine.state is TurnState.FINISHING:
+                    self.fire(Trigger.FINISHED)
+                self.result = self._never_started()
+        finally:
+            self._session.release(self)
+            self.ended.set()
+
+    # ---- the end ---------------------------------------------------------------------------------
+
+    def _verdict(self) -> tuple[str, str | None, str]:
+        """``(status, error code, error message)`` from what happened to the turn."""
+        m, outcome = self.machine, self._outcome
+        if m.finished_by is Trigger.CRASH:
+            return "failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log"
+        if m.output_limited:
+            return "failed", "OUTPUT_LIMIT", f"the turn's output passed maxOutputBytes ({self._limits.max_output_bytes} bytes)"
+        if m.finished_by is Trigger.TIMEOUT:
+            return "timeout", "TURN_TIMEOUT", f"turn exceeded {self._host.timeouts.turn_timeout:g} s"
+        if m.cause in (Trigger.CANCEL, Trigger.CLOSE, Trigger.SHUTDOWN) or outcome is None:
+            return "cancelled", None, "cancelled"
+        if outcome.error is not None and outcome.status != "completed":
+            return outcome.status, outcome.error.code, outcome.error.message
+        return outcome.status, None, outcome.status
+
+    def _ended(self) -> TurnResult:
+        status, code, message = self._verdict()
+        outcome = self._outcome or TurnOutcome(status)  # type: ignore[arg-type]
+        output = self.output
+        done_text = output if status == "completed" or output else message
+        self.publish(updates.done(status, cut_utf8(done_text, self._limits.done_message_bytes), code))
+        self.fire(Trigger.FINISHED)
+        resolution = self._spec.resolution
+        self._host.registry.note_turn(resolution.resolved_provider_id, status, code, message)
+        self._record(output)
+        log.info(
+            "turn %s on %s ended %s%s in %.2fs",
+            self.turn_id,
+            resolution.resolved_provider_id,
+            status,
+            f" ({code})" if code else "",
+            time.monotonic() - self._started,
+        )
+        error: Any = UNSET
+        if code is not None:
+            data = outcome.error.data if outcome.error is not None and outcome.error.code == code else None
+            error = TurnErrorInfo(
+                code=code,
+                message=redact(message),
+                provider_id=resolution.resolved_provider_id,
+                data=data if data else UNSET,
+            )
+        provider = self.provider
+        upstream = outcome.upstream_session_id or (provider.upstream_session_id if provider is not None else None)
+        stop_reason = outcome.stop_reason if status == outcome.status and outcome.stop_reason else None
+        return TurnResult(
+            success=status == "completed",
+            status=status,
+            turn_id=self.turn_id,
+            session_id=self._session.session_id,
+            thread_id=self._session.thread_id,
+            resolved_execution_target=resolution.resolved_execution_target,
+            resolved_provider_id=resolution.resolved_provider_id,
+            resolved_gateway_provider_id=resolution.resolved_gateway_provider_id,
+            resolved_model=outcome.resolved_model or "",
+            resolved_skills=list(resolution.resolved_skills),
+            output=output,
+            summary=output.strip()[:SUMMARY_CHARS],
+            stop_reason=stop_reason or ("end_turn" if status == "completed" else status),
+            usage=outcome.usage or {},
+            upstream_session_id=upstream,
+            context_reset=self._context_reset or outcome.context_reset,
+            error=error,
+            artifacts=outcome.artifacts if outcome.artifacts is not None else UNSET,
+        )
+
+    def _never_started(self) -> TurnResult:
+        resolution = self._spec.resolution
+        if self.machine.finished_by is Trigger.CRASH:
+            status, code, message = "failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log"
+        else:
+            status, code, message = "cancelled", "CANCELLED", "cancelled before it started"
+        return TurnResult(
+            success=False,
+            status=status,
+            turn_id=None,
+            session_id=self._session.session_id,
+            thread_id=self._session.thread_id,
+            resolved_execution_target=resolution.resolved_execution_target,
+            resolved_provider_id=resolution.resolved_provider_id,
+            resolved_gateway_provider_id=resolution.resolved_gateway_provider_id,
+            resolved_model=resolution.resolved_model,
+            resolved_skills=list(resolution.resolved_skills),
+            output="",
+            summary="",
+            stop_reason=status,
+            error=TurnErrorInfo(code=code, message=message, provider_id=resolution.resolved_provider_id),
+        )
+
+    def _record(self, output: str) -> None:
+        session = self._session
+        session.working_directory = self._spec.cwd
+        session.record("user", self._spec.prompt)
+        if output:
+            session.record("assistant", output)
+            self._history_index = len(session.history) - 1
+
+    # ---- TurnSink ----------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The provider began the work (ACP: its prompt is out)."""
+        if self.machine.state in (TurnState.STARTING, TurnState.CANCELLING):
+            self.fire(Trigger.BEGIN)
 
     def emit(self, event: TurnEvent) -> None:
         if isinstance(event, TextDelta):
             self._text(event.text)
-            return
-        if isinstance(event, ThoughtDelta):
+        elif isinstance(event, SessionStateEvent):
+            self._state(event)
+        elif isinstance(event, ThoughtDelta):
             # Reasoning is not output, but it is streamed and logged: the same budget bounds it.
-            self._thought_bytes += len(event.text)
-            if self._thought_bytes > self._limits.max_output_bytes:
-                return
-        self.publish(updates.from_event(event))
-
-    def _text(self, text: str) -> None:
-        if self.output_exceeded or not text:
-            return
-        room = self._limits.max_output_bytes - self._output_bytes
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > room:
-            text = cut_utf8(text, room)
-            size = len(text.encode("utf-8", "surrogatepass"))
-            self.output_exceeded = True
-        self._parts.append(text)
-        self._output_bytes += size
-        # A single update stays under maxUpdateBytes; 4 bytes per character bounds UTF-8 size.
-        step = max(1, self._limits.max_update_bytes // 4 - 512)
-        for start in range(0, len(text), step):
-            self.publish(updates.delta(text[start : start + step]))
-        if self.output_exceeded:
-            self._on_output_limit()
+            self._thought_bytes += utf8_len(event.text)
+            if self._thought_bytes <= self._limits.max_output_bytes:
+                self.publish(updates.from_event(event))
+        else:
+            self.publish(updates.from_event(event))
 
     async def ask_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> str | None:
         """Policy ``ask``: publish a ``permission`` update and wait for ``session.permission``.
 
-        Returns the chosen optionId, or None after ``permissionTimeout`` seconds or on cancel.
+        Returns the chosen optionId, or None after ``permissionTimeout`` seconds, or once the turn
+        stops running (cancelled, cut off, ended).
         """
-        if self.cancel_requested:
+        if self.machine.state is not TurnState.RUNNING:
             return None
         request_id = f"perm-{uuid4().hex}"
         ids = frozenset(str(o.get("optionId")) for o in options if isinstance(o, dict))
         pending = PendingPermission(ids)
-        self.session.permissions[request_id] = pending
+        self._session.permissions[request_id] = pending
         try:
             self.emit(PermissionEvent(request_id, tool_call, options))
-            with anyio.move_on_after(self._timeouts.permission_timeout):
+            with anyio.move_on_after(self._host.timeouts.permission_timeout):
                 await pending.answered.wait()
         finally:
-            self.session.permissions.pop(request_id, None)
+            self._session.permissions.pop(request_id, None)
         return pending.option_id
 
-    def cancel_permissions(self) -> None:
-        self.cancel_requested = True
-        for pending in tuple(self.session.permissions.values()):
-            pending.answer(None)
+    def publish(self, params: dict[str, Any]) -> None:
+        """Log ``params`` as this turn's next update (numbered) and send it to its connection."""
+        full = {"sessionId": self._session.session_id, "threadId": self._session.thread_id, "turnId": self.turn_id}
+        full.update(params)
+        self._session.log.append(full)
+        self._notify("session.update", full)
 
-    def finish(self, status: str, message: str, error_code: str | None) -> None:
-        self.publish(updates.done(status, cut_utf8(message, self._limits.done_message_bytes), error_code))
+    def _text(self, text: str) -> None:
+        if not text or (self.machine.output_limited and self.machine.state is not TurnState.ENDED):
+            return
+        room = self._limits.max_output_bytes - self._output_bytes
+        size = utf8_len(text)
+        passed = size > room
+        if passed:
+            text = cut_utf8(text, room)
+            size = utf8_len(text)
+        self._parts.append(text)
+        self._output_bytes += size
+        if text:
+            # A single update stays under maxUpdateBytes; 4 bytes per character bounds UTF-8 size.
+            step = max(1, self._limits.max_update_bytes // 4 - 512)
+            for start in range(0, len(text), step):
+                self.publish(updates.delta(text[start : start + step]))
+        if self.machine.state is TurnState.ENDED:
+            self._late_output()
+        elif passed:
+            self.fire(Trigger.OUTPUT_LIMIT)
+
+    def _late_output(self) -> None:
+        """A chunk came after the result: it is part of this turn's recorded answer too."""
+        history, index = self._session.history, self._history_index
+        output = self.output
+        if index is not None and index == len(history) - 1:
+            history[index] = ("assistant", output)
+        elif output and history and history[-1] == ("user", self._spec.prompt):
+            self._session.record("assistant", output)
+            self._history_index = len(history) - 1
+
+    def _state(self, event: SessionStateEvent) -> None:
+        session = self._session
+        session.state[event.kind] = event.data
+        if self.machine.state in _LIVE:
+            self.publish(updates.from_event(event))
+        else:
+            session.state_unsent.add(event.kind)
+
+    def _send_unsent_state(self) -> None:
+        session = self._session
+        for kind in sorted(session.state_unsent):
+            self.publish(updates.from_event(SessionStateEvent(kind, session.state.get(kind))))
+        session.state_unsent.clear()
+
+

@@ -12,6 +12,7 @@ from typing import Any
 from compat.base import (
     PermissionEvent,
     PlanEvent,
+    SessionStateEvent,
     StatusEvent,
     TextDelta,
     ThoughtDelta,
@@ -55,6 +56,21 @@ def done(status: str, message: str, error_code: str | None) -> dict[str, Any]:
     }
     if error_code:
         params["errorCode"] = error_code
+    return params
+
+
+def status(event: str, message: str = "", data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``status`` update; ``event`` is the raw kind (never ``completed``: that is ``done``'s)."""
+    params: dict[str, Any] = {
+        "type": "status",
+        "event": event,
+        "message": message,
+        "pending": True,
+        "error": False,
+        "structuredEvent": {"type": "status", "status": event, "text": message},
+    }
+    if data:
+        params["data"] = data
     return params
 
 
@@ -112,16 +128,7 @@ def from_event(event: TurnEvent) -> dict[str, Any]:
                 "structuredEvent": {"type": "tool_call", "toolCall": call, "status": "permission_requested"},
             }
         case StatusEvent(event=raw, message=message, data=data):
-            name = raw if raw != "completed" else "status"
-            params = {
-                "type": "status",
-                "event": name,
-                "message": message,
-                "pending": True,
-                "error": False,
-                "structuredEvent": {"type": "status", "status": name, "text": message},
-            }
-            if data:
-                params["data"] = data
-            return params
+            return status(raw if raw != "completed" else "status", message, data)
+        case SessionStateEvent(kind=kind, data=data):
+            return status(kind, "", data)
     raise TypeError(f"unknown turn event {event!r}")

@@ -14,9 +14,21 @@ import msgspec
 import orjson
 
 from bridge.config import BridgeConfig
+from bridge.rpc.codec import encode_body
 from bridge.server import BridgeServer, uvicorn_config
 
 T = TypeVar("T")
+
+
+def wire(value: Any) -> Any:
+    """A result model (or anything holding them) as the wire object a client decodes."""
+    return orjson.loads(encode_body(value))
+
+
+def conforms(model: type[T], data: Any) -> T:
+    """``data`` (a wire object) read as ``model``; raises ``msgspec.ValidationError`` when it does
+    not fit (a missing field, a wrong type, an unknown field where the model forbids them)."""
+    return msgspec.convert(data, model)
 
 
 @contextlib.asynccontextmanager

@@ -17,8 +17,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-
 from compat.base import ProbeResult, ProviderInfo, TurnOutcome, TurnRequest, TurnSink
 from compat.knowledge.engine import TurnInput
 from compat.knowledge.service import KnowledgeService
@@ -33,37 +31,33 @@ class KnowledgeSession:
         self._adapter = adapter
         self.session_id = session_id
         self.history: deque[tuple[str, str]] = deque(maxlen=HISTORY_KEPT)
-        self._scope: anyio.CancelScope | None = None
-        self._cancelled = False
+
+    @property
+    def upstream_session_id(self) -> str | None:
+        return None
 
     async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
-        """Run one knowledge turn; never raises for params, source or runtime failures."""
+        """Run one knowledge turn; never raises for params, source or runtime failures. Cut off (a
+        cancel), its fan-out and runtime call end with it."""
         turn = TurnInput(request.prompt, request.session_id, request.thread_id, request.turn_id, tuple(self.history))
-        self._cancelled = False
-        outcome = TurnOutcome("cancelled", stop_reason="cancelled")
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            outcome = await self._adapter.service.run_turn(request.extra, turn, sink, self._adapter.sources)
-        self._scope = None
-        if self._cancelled or scope.cancelled_caught:
-            return TurnOutcome("cancelled", stop_reason="cancelled", extra=outcome.extra)
+        sink.begin()
+        outcome = await self._adapter.service.run_turn(request.extra, turn, sink, self._adapter.sources)
         answer = _answer(outcome)
         self.history.append(("user", request.prompt))
         if answer:
             self.history.append(("assistant", answer))
         return outcome
 
-    async def cancel(self) -> None:
-        self._cancelled = True
-        if self._scope is not None:
-            self._scope.cancel()
+    def request_cancel(self) -> bool:
+        """No graceful stop: a cancel cuts the turn off at once."""
+        return False
 
     async def aclose(self) -> None:
-        await self.cancel()
+        return None
 
 
 def _answer(outcome: TurnOutcome) -> str:
-    artifacts = outcome.extra.get("artifacts") or [{}]
+    artifacts = outcome.artifacts or [{}]
     return str(artifacts[0].get("answer") or "")
 
 

@@ -391,5 +391,5 @@ class KnowledgeTurn:
         }
         status = "failed" if error else "completed"
         return TurnOutcome(
-            status, stop_reason="end_turn" if not error else "error", error=error, extra={"artifacts": [artifact]}
+            status, stop_reason="end_turn" if not error else "error", error=error, artifacts=[artifact]
         )

@@ -111,7 +111,7 @@ class KnowledgeTools:
         )
         turn = TurnInput(args["query"], session, session, f"turn-{time.time_ns()}", history)
         outcome = await self.service.run_turn(extra, turn, CollectingSink())
-        artifact = (outcome.extra.get("artifacts") or [{}])[0]
+        artifact = (outcome.artifacts or [{}])[0]
         if outcome.error is not None:
             artifact = {**artifact, "error": {"code": outcome.error.code, "message": outcome.error.message}}
         return {"llmwiki_agent_result": artifact, "_failed": outcome.status != "completed"}

@@ -19,6 +19,9 @@ class CollectingSink:
     def __init__(self) -> None:
         self.events: list[TurnEvent] = []
 
+    def begin(self) -> None:
+        """Nothing to mark: the turn has no state machine here."""
+
     def emit(self, event: TurnEvent) -> None:
         if len(self.events) < MAX_EVENTS:
             self.events.append(event)

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from bridge.config import BridgeConfig
-from bridge.dispatch import CallContext, Dispatcher
+from bridge.dispatch import CallContext, Dispatcher, Method
 from bridge.rpc.errors import InvalidParams
 from compat.settings import convert
 from tests.helpers import real_server  # noqa: F401  (re-exported for the bridge tests)
@@ -89,7 +89,7 @@ class Handlers:
 
     def dispatcher(self) -> Dispatcher:
         names = ("echo", "whoami", "slow", "release", "stream", "record", "fail", "needs_int")
-        return Dispatcher({f"test.{name}": getattr(self, name) for name in names})
+        return Dispatcher(Method(f"test.{name}", getattr(self, name)) for name in names)
 
 
 @pytest.fixture

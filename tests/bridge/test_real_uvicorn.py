@@ -246,7 +246,7 @@ from bridge.http_app import create_app
 from bridge.server import run
 
 config = BridgeConfig(port=0, log_level="info")
-run(config, create_app(config, Dispatcher({})))
+run(config, create_app(config, Dispatcher(())))
 print("after run", flush=True)
 """
 
@@ -261,7 +261,7 @@ from bridge.server import serve
 
 @contextlib.asynccontextmanager
 async def orchestrator():
-    yield Dispatcher({})
+    yield Dispatcher(())
     print("after run", flush=True)
 
 async def main():

@@ -178,7 +178,7 @@ STDIO_SCRIPT = textwrap.dedent(
     """
     import anyio
     from bridge.config import Limits
-    from bridge.dispatch import Dispatcher
+    from bridge.dispatch import Method, Dispatcher
     from bridge.stdio import serve_stdio
 
     async def noisy(params, ctx):
@@ -187,7 +187,7 @@ STDIO_SCRIPT = textwrap.dedent(
         return params
 
     async def main():
-        await serve_stdio(Dispatcher({"test.noisy": noisy}), limits=Limits())  # the process's stdio
+        await serve_stdio(Dispatcher([Method("test.noisy", noisy)]), limits=Limits())  # the process's stdio
         print("after serving")  # fd 1 and sys.stdout are restored
 
     anyio.run(main)

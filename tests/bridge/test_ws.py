@@ -194,6 +194,9 @@ class FakeSocket:
         self.sent.append(message)
         self.wrote.set()
 
+    async def send_text(self, text: str) -> None:
+        await self.send({"type": "websocket.send", "text": text})
+
     async def close(self, code: int = 1000, reason: str | None = None) -> None:
         await self.send({"type": "websocket.close", "code": code})
 
@@ -314,50 +317,31 @@ async def test_a_frame_over_the_limit_closes_only_that_socket_with_1009(handlers
     assert reply["id"] == 2
 
 
-async def test_seq_stays_in_wire_order_when_a_direct_reply_meets_a_slow_socket(handlers):
-    """The reader sends immediate replies itself, the writer task everything else; when the socket
-    stalls with both having something to send, the envelopes still leave in seq order."""
-    import asyncio
-
-    frames: asyncio.Queue[dict] = asyncio.Queue()
-    writable = asyncio.Event()  # uvicorn's send waits on this while the socket buffer is full
-    wire: list[dict] = []
-
-    async def send(message: dict) -> None:
-        await writable.wait()
-        wire.append(json.loads(message["text"]))
-
-    contexts = []
+async def test_seq_stays_in_wire_order_when_an_inline_reply_meets_a_slow_socket(handlers):
+    """Inline methods are answered by the reader, everything else by tasks; all of it leaves
+    through the one writer, so when the socket stalls with both queued the envelopes still leave
+    in ``seq`` order."""
+    from bridge.dispatch import Dispatcher, Method
 
     def capabilities(params: dict, ctx: Any) -> dict:
-        contexts.append(ctx)
         return {"ok": True}
 
-    from bridge.dispatch import Dispatcher
-
-    connection = Connection(
-        FakeSocket(),
-        Dispatcher({}, {"acp.capabilities": capabilities}),
-        "local",
-        queue_size=100,
-        receive=frames.get,
-        send=send,
-    )
-    frame = lambda i: {"type": "websocket.receive", "text": json.dumps(request("acp.capabilities", None, i))}  # noqa: E731
+    hold = anyio.Event()
+    sock = FakeSocket(hold=hold)
+    methods = [Method("acp.capabilities", capabilities, inline=True), Method("test.stream", handlers.stream)]
+    connection = Connection(sock, Dispatcher(methods), "local", queue_size=100)
+    sock.frame(request("acp.capabilities", None, 1))
+    sock.frame(request("test.stream", {"n": 3, "burst": True}, 2))
+    sock.frame(request("acp.capabilities", None, 3))
     async with anyio.create_task_group() as tg:
         tg.start_soon(connection.run)
-        frames.put_nowait(frame(1))
         with anyio.fail_after(WAIT):
-            while not contexts:  # the reader took frame 1 and is stuck sending its reply
-                await anyio.lowlevel.checkpoint()
-        contexts[0].notify("session.update", {"n": 1})  # a turn's update: the writer wants to send
-        for _ in range(5):
-            await anyio.lowlevel.checkpoint()
-        frames.put_nowait(frame(2))  # the client's next request is already buffered ...
-        writable.set()  # ... when the socket drains,
-        asyncio.get_running_loop().call_soon(contexts[0].notify, "session.update", {"n": 2})  # and output arrives
-        with anyio.fail_after(WAIT):
-            while len(wire) < 4:
-                await anyio.lowlevel.checkpoint()
-        frames.put_nowait({"type": "websocket.disconnect", "code": 1000})
-    assert [m["seq"] for m in wire] == [0, 1, 2, 3]
+            await sock.holding.wait()
+            await anyio.wait_all_tasks_blocked()
+            hold.set()
+            while len(sock.sent) < 6:  # two capabilities replies, three notifications, one reply
+                await sock.wrote.wait()
+                sock.wrote = anyio.Event()
+        sock.disconnect()
+    sent = [json.loads(m["text"]) for m in sock.sent]
+    assert [m["seq"] for m in sent] == list(range(6))

@@ -3,6 +3,7 @@ bounded waits on OS state (process gone, log line written)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import uuid
@@ -14,9 +15,12 @@ import anyio
 import psutil
 import pytest
 
-from compat.acp import AcpAdapter
+from compat.acp.adapter import AcpAdapter
 from compat.base import TextDelta, TurnEvent, TurnRequest
 from compat.settings import Limits, ProviderConfig, Timeouts
+from orchestrator.registry import ProviderRegistry
+from orchestrator.service import Orchestrator
+from tests.helpers import in_background
 
 FAKE_AGENT = Path(__file__).resolve().parents[1] / "fakes" / "fake_acp_agent.py"
 TEST_TIMEOUTS = {
@@ -37,7 +41,11 @@ class RecordingSink:
         self.asked: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         self.answer = answer
         self.hold = hold
+        self.began = False
         self._changed = anyio.Event()
+
+    def begin(self) -> None:
+        self.began = True
 
     def emit(self, event: TurnEvent) -> None:
         self.events.append(event)
@@ -106,12 +114,14 @@ async def wait_log(path: Path, predicate: Callable[[dict[str, Any]], bool], time
 
 
 class AgentFactory:
-    """Builds ``AcpAdapter``s that run the fake agent, and closes them after the test."""
+    """Builds running ``AcpAdapter``s (entered as services) that run the fake agent, and closes
+    them after the test."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, stack: contextlib.AsyncExitStack) -> None:
         self.log = tmp_path / "agent.log"
         self.state = tmp_path / "state.json"
         self.adapters: list[AcpAdapter] = []
+        self._stack = stack
 
     def config(self, *modes: str, perm_kinds: str | None = None, **fields: Any) -> ProviderConfig:
         args = [str(FAKE_AGENT), "--log", str(self.log), "--state", str(self.state)]
@@ -123,8 +133,28 @@ class AgentFactory:
         fields.setdefault("args", args)
         return ProviderConfig(label="Fake", **fields)
 
-    def __call__(
+    async def __call__(
         self, *modes: str, limits: dict[str, Any] | None = None, timeouts: dict[str, Any] | None = None, **fields: Any
+    ) -> AcpAdapter:
+        """A running adapter (its task group hosts the agents' pumps)."""
+        return await self._stack.enter_async_context(in_background(self._adapter(modes, limits, timeouts, fields)))
+
+    async def orchestrator(
+        self, *modes: str, limits: dict[str, Any] | None = None, timeouts: dict[str, Any] | None = None, **fields: Any
+    ) -> Orchestrator:
+        """A running orchestrator whose one provider, ``fake``, is an adapter of the fake agent:
+        turns then end the way the bridge ends them (``orchestrator.machine``)."""
+        adapter = self._adapter(modes, limits, timeouts, fields)
+        orch = Orchestrator(
+            ProviderRegistry({"fake": adapter}, {"fake"}),
+            [Path("/").resolve()],
+            adapter.limits,
+            adapter.timeouts,
+        )
+        return await self._stack.enter_async_context(in_background(orch))
+
+    def _adapter(
+        self, modes: tuple[str, ...], limits: dict[str, Any] | None, timeouts: dict[str, Any] | None, fields: Any
     ) -> AcpAdapter:
         adapter = AcpAdapter(
             "fake",
@@ -138,8 +168,9 @@ class AgentFactory:
 
 @pytest.fixture
 async def make_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
-    factory = AgentFactory(tmp_path)
-    yield factory
-    with anyio.fail_after(20):
-        for adapter in factory.adapters:
-            await adapter.aclose()
+    async with contextlib.AsyncExitStack() as stack:
+        factory = AgentFactory(tmp_path, stack)
+        yield factory
+        with anyio.fail_after(20):
+            for adapter in factory.adapters:
+                await adapter.aclose()

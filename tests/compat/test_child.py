@@ -1,12 +1,12 @@
-"""``compat._child``: children started with ``Popen`` in a worker thread, pipes on the event loop,
-exit through a pidfd, on both loops the bridge runs on (asyncio's and uvloop's).
+"""``compat.process.child``: children started with ``Popen`` in a worker thread, their pipes read
+and written by plain tasks that wait on the descriptors, the exit through a pidfd (or a waiting
+thread where pidfds are refused), on both loops the bridge runs on (asyncio's and uvloop's).
 
-* Each pipe descriptor is closed exactly once: uvloop's transports close it themselves, asyncio's
-  leave it to the file object (the contract test pins both behaviours, so a change in either loop
-  shows here first).
-* Nothing leaks: after many children started, read, ended and reaped, the process holds the
-  descriptors it held before; a start that fails (missing command or directory) leaks none.
-* Exit status, signals and stdin behave as ``anyio.open_process`` children do.
+* Nothing leaks: after many children started, read, written, ended and reaped, the process holds
+  the descriptors it held before; a start that fails (missing command or directory) leaks none.
+* Exit status, signals and a ``/dev/null`` stdin behave as a shell's children do.
+* What the child wrote before it exited is read in full even while a grandchild keeps stdout
+  open; an unterminated final line is delivered.
 * Each child leads its own process group, in the bridge's session unless the bridge has a
   controlling terminal.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import io
 import os
 import signal
 import sys
@@ -26,9 +25,10 @@ import anyio
 import pytest
 import uvloop
 
-import compat._process
-from compat._child import PidfdProcess, _transport_closes_fd
-from compat._process import SpawnError, child_env, spawn
+import compat.process.child as child_module
+from compat.process.child import AgentProcess, SpawnError, spawn
+from compat.process.env import child_env
+from compat.process.lines import LineTooLong
 
 
 class TracingLoop(uvloop.Loop):  # as instrumentation libraries wrap the loop
@@ -56,57 +56,43 @@ def fds_before() -> set[int]:
     return open_fds()
 
 
-@pytest.mark.parametrize("loop_name", LOOPS)
-def test_transport_closes_fd_matches_what_the_loop_does(loop_name: str) -> None:
-    async def main() -> tuple[bool, bool]:
-        loop = asyncio.get_running_loop()
-        read_end, write_end = os.pipe()
-        os.close(write_end)
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), io.FileIO(read_end, "rb", closefd=False)
-        )
-        await reader.read()  # EOF: the transport closes itself
-        transport.close()
-        await asyncio.sleep(0)  # let the close callbacks run
-        try:
-            os.fstat(read_end)
-            closed = False
-        except OSError:
-            closed = True
-        if not closed:
-            os.close(read_end)
-        return closed, _transport_closes_fd(loop)
-
-    closed, predicted = run_on(loop_name, main)
-    assert closed == predicted
-    assert predicted == loop_name.startswith("uvloop")
+async def start(script: str, **options: Any) -> AgentProcess:
+    return await spawn(
+        [sys.executable, "-c", script],
+        cwd=None,
+        env=child_env(),
+        max_line_bytes=options.pop("max_line_bytes", 1024),
+        stderr_tail_bytes=1024,
+        **options,
+    )
 
 
-@pytest.mark.parametrize("pidfd", [True, False], ids=["popen-pidfd", "anyio-fallback"])
+async def lines_of(process: AgentProcess) -> list[bytes]:
+    """Pump ``process`` until its stdout ends; every line it wrote."""
+    lines: list[bytes] = []
+    await process.run(lines.append)
+    return lines
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "waiting-thread"])
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_many_children_leave_no_descriptor_and_no_process_behind(
     loop_name: str, pidfd: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(compat._process, "_PIDFD", pidfd)  # the fallback where pidfds are refused
+    monkeypatch.setattr(child_module, "PIDFD", pidfd)  # the fallback where pidfds are refused
     script = "import sys; line = sys.stdin.readline(); sys.stdout.write('echo:' + line); sys.stderr.write('err\\n')"
 
-    async def one() -> tuple[bytes, int]:
-        process = await spawn(
-            [sys.executable, "-c", script], cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024
-        )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(process.pump_stderr)
-            await process.send(b"hello\n")
-            line = await process.receive_line()
-            status = await process.wait(WAIT)
-            await process.terminate(grace=1.0)
+    async def one() -> tuple[list[bytes], int | None]:
+        process = await start(script)
+        process.write(b"hello\n")
+        lines = await lines_of(process)
+        status = await process.wait(WAIT)
+        await process.terminate(grace=1.0)
         assert process.stderr_tail() == "err\n"
-        assert status is not None
-        return line, status
+        return lines, status
 
-    async def main() -> list[tuple[bytes, int]]:
-        results: list[tuple[bytes, int]] = []
+    async def main() -> list[tuple[list[bytes], int | None]]:
+        results: list[tuple[list[bytes], int | None]] = []
 
         async def collect() -> None:
             results.append(await one())
@@ -119,7 +105,7 @@ def test_many_children_leave_no_descriptor_and_no_process_behind(
     run_on(loop_name, lambda: anyio.to_thread.run_sync(lambda: None))  # the process's first worker
     before = fds_before()  # thread opens a pipe that stays: not ours to count
     results = run_on(loop_name, main)
-    assert results == [(b"echo:hello", 0)] * 30
+    assert results == [([b"echo:hello"], 0)] * 30
     assert open_fds() - before == set()
 
 
@@ -142,107 +128,89 @@ def test_a_failed_start_is_a_spawn_error_and_leaks_nothing(loop_name: str) -> No
 
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_exit_status_signal_and_devnull_stdin(loop_name: str) -> None:
-    async def main() -> tuple[int, int, bytes]:
-        env = child_env()
-        exits = await PidfdProcess.start(
-            [sys.executable, "-c", "raise SystemExit(3)"], stdin_pipe=True, cwd=None, env=env
-        )
-        status = await exits.wait()
-        await exits.aclose()
-        sleeper = await PidfdProcess.start(
-            [sys.executable, "-c", "import time; time.sleep(60)"], stdin_pipe=True, cwd=None, env=env
-        )
-        sleeper.send_signal(signal.SIGTERM)
-        killed = await sleeper.wait()
-        await sleeper.aclose()
-        reads = await PidfdProcess.start(
-            [sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"], stdin_pipe=False, cwd=None, env=env
-        )
-        assert reads.stdin is None and reads.stdout is not None
-        out = await reads.stdout.receive()
-        await reads.aclose()
+    async def main() -> tuple[int | None, int | None, list[bytes]]:
+        exits = await start("raise SystemExit(3)")
+        status = await exits.wait(WAIT)
+        await exits.terminate(1.0)
+        sleeper = await start("import time; time.sleep(60)")
+        os.kill(sleeper.pid, signal.SIGTERM)
+        killed = await sleeper.wait(WAIT)
+        await sleeper.terminate(1.0)
+        reads = await start("import sys; print(repr(sys.stdin.read()))", stdin_pipe=False)
+        out = await lines_of(reads)
+        await reads.terminate(1.0)
         return status, killed, out
 
     status, killed, out = run_on(loop_name, main)
     assert status == 3
     assert killed == -signal.SIGTERM
-    assert out.strip() == b"''"  # /dev/null: an immediate EOF, never a hang
+    assert out == [b"''"]  # /dev/null: an immediate EOF, never a hang
 
 
-@pytest.mark.parametrize("failing_step", [1, 2, 3])
+GRANDCHILD_HOLDS_STDOUT = """
+import subprocess, sys
+subprocess.Popen(["sleep", "600"])  # inherits stdout: no EOF while it runs
+sys.stdout.write("".join(f"line {i}\\n" for i in range(2000)) + "last, unterminated")
+sys.stdout.flush()
+"""
+
+
 @pytest.mark.parametrize("loop_name", LOOPS)
-def test_a_start_interrupted_while_connecting_its_pipes_closes_them_and_kills_the_child(
-    loop_name: str, failing_step: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A cancellation at the n-th pipe connection (a timeout or ``session.cancel`` from another
-    task) closes the pipes connected so far and ends the child's process group."""
-    import compat._child as child
+def test_what_the_child_wrote_before_it_exited_is_read_though_a_grandchild_keeps_stdout(loop_name: str) -> None:
+    """The leader's exit ends the reading (EOF never comes): what the pipe holds by then is read
+    at once, to the unterminated last line, with no timed wait."""
 
-    steps = {"count": 0, "armed": 0}
-    real_read, real_write = child._read_pipe, child._write_pipe
-
-    def interrupt_at_step(real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def connect(*args: Any) -> Any:
-            stream = await real(*args)
-            steps["count"] += steps["armed"]
-            if steps["armed"] and steps["count"] == failing_step:
-                raise asyncio.CancelledError
-            return stream
-
-        return connect
-
-    monkeypatch.setattr(child, "_read_pipe", interrupt_at_step(real_read))
-    monkeypatch.setattr(child, "_write_pipe", interrupt_at_step(real_write))
-
-    async def main() -> tuple[int, set[int]]:
-        pids: list[int] = []
-        real_popen = child._popen
-        warm = await PidfdProcess.start([sys.executable, "-c", "pass"], stdin_pipe=True, cwd=None, env=child_env())
-        await warm.aclose()  # the loop's one-time descriptors (its wake-up fd; uvloop's /dev/null)
-        before = open_fds()
-        steps["armed"] = 1
-
-        def recording_popen(*args: Any) -> Any:
-            popen, ours = real_popen(*args)
-            pids.append(popen.pid)
-            return popen, ours
-
-        monkeypatch.setattr(child, "_popen", recording_popen)
-        with pytest.raises(asyncio.CancelledError):
-            await PidfdProcess.start(
-                [sys.executable, "-c", "import time; time.sleep(60)"], stdin_pipe=True, cwd=None, env=child_env()
-            )
-        await asyncio.sleep(0)  # let closed transports finish closing
-        return pids[0], open_fds() - before  # checked before the loop closes what is left
-
-    pid, left_open = run_on(loop_name, main)
-    assert left_open == set()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reaped already, not a zombie of ours
-
-
-async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
-    """Children start on threads of their own (``SPAWN_THREADS``): with anyio's default 40 all
-    busy (here: blocked), an agent still starts (bench case 4: 100 sessions at once queued the
-    last start ~750 ms behind the first)."""
-    import threading
-
-    release = threading.Event()
-    busy = anyio.to_thread.current_default_thread_limiter().total_tokens
-    async with anyio.create_task_group() as tg:
+    async def main() -> list[bytes]:
+        process = await start(GRANDCHILD_HOLDS_STDOUT)
         try:
-            for _ in range(int(busy)):
-                tg.start_soon(anyio.to_thread.run_sync, release.wait)
-            with anyio.fail_after(WAIT):
-                while anyio.to_thread.current_default_thread_limiter().borrowed_tokens < busy:
-                    await anyio.sleep(0.01)
-                child = await PidfdProcess.start(
-                    [sys.executable, "-c", "pass"], stdin_pipe=False, cwd=None, env=child_env()
-                )
-                assert await child.wait() == 0
-                await child.aclose()
+            return await lines_of(process)
         finally:
-            release.set()  # the blocked threads cannot be cancelled: let them end
+            await process.terminate(0.5)
+
+    lines = run_on(loop_name, main)
+    assert lines == [f"line {i}".encode() for i in range(2000)] + [b"last, unterminated"]
+
+
+async def test_drain_hands_over_what_the_child_already_wrote() -> None:
+    """``drain`` reads what is in the pipe now, without waiting for the reader task."""
+    process = await start("import sys, time; print('one'); print('two', flush=True); time.sleep(60)")
+    lines: list[bytes] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(process.run, lines.append)
+            with anyio.fail_after(WAIT):
+                while process.stderr_bytes == 0 and not lines:
+                    process.drain()  # no task switch needed: the bytes are read here
+                    await anyio.sleep(0.01)  # the child writes from another process
+            assert lines == [b"one", b"two"]
+            tg.cancel_scope.cancel()
+    finally:
+        await process.terminate(0.5)
+
+
+async def test_a_line_over_the_bound_fails_the_reading() -> None:
+    process = await start("import sys, time; sys.stdout.write('x' * 5000 + '\\n'); sys.stdout.flush(); time.sleep(60)")
+    try:
+        with pytest.raises(LineTooLong), anyio.fail_after(WAIT):
+            await lines_of(process)
+    finally:
+        await process.terminate(0.5)
+
+
+async def test_a_child_that_does_not_read_its_stdin_cannot_grow_the_queue_without_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(child_module, "STDIN_QUEUE_BYTES", 1024 * 1024)
+    process = await start("import time; time.sleep(60)")
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(process.run, lambda line: None)
+            with pytest.raises(anyio.BrokenResourceError):
+                for _ in range(1000):
+                    process.write(b"x" * 4096)
+            tg.cancel_scope.cancel()
+    finally:
+        await process.terminate(0.5)
 
 
 @pytest.mark.parametrize("new_session", [False, True])
@@ -251,19 +219,15 @@ def test_a_child_leads_its_own_group_and_a_new_session_only_under_a_terminal(
 ) -> None:
     """Its own process group always (killed as a whole); a session of its own only when the bridge
     has a controlling terminal (``NEW_SESSION``): with autogroup scheduling each session is a CPU
-    share of its own, so 100 agents had 100 shares to the bridge's one (bench case 4)."""
-    import compat._child
-
-    monkeypatch.setattr(compat._child, "NEW_SESSION", new_session)
+    share of its own, so 100 agents would get 100 shares to the bridge's one."""
+    monkeypatch.setattr(child_module, "NEW_SESSION", new_session)
 
     async def main() -> tuple[int, int, int]:
-        child = await PidfdProcess.start(
-            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin_pipe=True, cwd=None, env=child_env()
-        )
+        child = await start("import sys; sys.stdin.read()")
         try:
             return child.pid, os.getpgid(child.pid), os.getsid(child.pid)
         finally:
-            await child.aclose()
+            await child.terminate(1.0)
 
     pid, group, session = run_on("uvloop", main)
     assert group == pid
@@ -274,7 +238,7 @@ def test_a_child_leads_its_own_group_and_a_new_session_only_under_a_terminal(
 def test_new_session_follows_the_controlling_terminal(with_terminal: bool) -> None:
     import subprocess
 
-    script = "import compat._child as c; print(c.NEW_SESSION)"
+    script = "import compat.process.child as c; print(c.NEW_SESSION)"
     if with_terminal:
         script = f"import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); {script}"
     leader, follower = os.openpty() if with_terminal else (-1, -1)

@@ -1,5 +1,5 @@
-"""Process lifecycle and stderr redaction in compat/_process.py, through the ACP adapter and
-directly (the path exec profiles take).
+"""Process lifecycle and stderr redaction in compat/process, through the ACP adapter and directly
+(the path exec profiles take).
 
 * An agent whose leader exits while a (grand)child still holds its stdout ends the turn at once
   with ``AGENT_EXITED``, not at the turn timeout, and leaves no process behind, including a
@@ -12,7 +12,7 @@ Waits are bounded and on events or OS state, never bare sleeps.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,15 +20,17 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
 import pytest
 
 from bridge.rpc.redact import register_secret
-from compat._process import _PROC_CHILDREN, AgentProcess, child_env, cut_tail, spawn
-from compat.acp import AcpSession
+from compat.acp.session import AcpSession
 from compat.base import TurnOutcome
+from compat.process.child import AgentProcess, spawn
+from compat.process.env import child_env, cut_tail
 
 from .conftest import AgentFactory, RecordingSink, process_alive, turn_request, wait_gone, wait_log
 
@@ -57,7 +59,7 @@ async def _run_into(session: AcpSession, sink: RecordingSink, outcomes: list[Tur
 async def test_crash_with_grandchildren_holding_stdout_is_agent_exited_at_once_and_leaves_nothing(
     make_agent: AgentFactory,
 ) -> None:
-    adapter = make_agent("grandchild", "grandchild-setsid", "crash", timeouts={"turn_timeout": TURN_TIMEOUT})
+    adapter = await make_agent("grandchild", "grandchild-setsid", "crash", timeouts={"turn_timeout": TURN_TIMEOUT})
     session = adapter.open_session("s1")
     outcomes: list[TurnOutcome] = []
     done = anyio.Event()
@@ -82,7 +84,7 @@ async def test_crash_with_grandchildren_holding_stdout_is_agent_exited_at_once_a
 
 
 async def test_leader_killed_mid_turn_ends_the_turn_and_its_escaped_grandchild(make_agent: AgentFactory) -> None:
-    adapter = make_agent("grandchild", "grandchild-setsid", timeouts={"turn_timeout": TURN_TIMEOUT})
+    adapter = await make_agent("grandchild", "grandchild-setsid", timeouts={"turn_timeout": TURN_TIMEOUT})
     session = adapter.open_session("s1")
     outcomes: list[TurnOutcome] = []
     done = anyio.Event()
@@ -108,126 +110,148 @@ async def test_leader_killed_mid_turn_ends_the_turn_and_its_escaped_grandchild(m
 
 # ---- the same through AgentProcess directly (exec profiles) ------------------------------------
 
+
+class Pumped:
+    """An ``AgentProcess`` with its pumps running in a task group; its stdout lines are kept."""
+
+    def __init__(self, proc: AgentProcess) -> None:
+        self.proc = proc
+        self.lines: list[bytes] = []
+        self._changed = anyio.Event()
+
+    def take(self, line: bytes) -> None:
+        self.lines.append(line)
+        self._changed.set()
+
+    async def line(self, index: int = 0) -> bytes:
+        with anyio.fail_after(10):
+            while len(self.lines) <= index:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+        return self.lines[index]
+
+
+@contextlib.asynccontextmanager
+async def pumped(script: str, **spawn_args: Any) -> AsyncIterator[Pumped]:
+    """``script`` run with ``python -c``, pumped, and ended (with everything it started) after."""
+    proc = await spawn(
+        [sys.executable, "-c", script],
+        cwd=None,
+        env=child_env(),
+        max_line_bytes=KIB,
+        stderr_tail_bytes=spawn_args.pop("stderr_tail_bytes", KIB),
+    )
+    child = Pumped(proc)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(proc.run, child.take)
+            yield child
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await proc.terminate(0.5)
+
+
 TREE = """
 import subprocess, sys
 escaped = subprocess.Popen(["sleep", "600"], start_new_session=True)
 grouped = subprocess.Popen(["sleep", "600"])
 print(escaped.pid, grouped.pid, flush=True)
-sys.stdin.readline()
+sys.stdin.read()
+"""
+
+ORPHANED = """
+import os, subprocess, sys
+middle = os.fork()
+if middle == 0:  # the classic daemon: a child that starts a new session, forks, and exits
+    os.setsid()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        os.execvp("sleep", ["sleep", "600"])
+    os._exit(0)
+os.waitpid(middle, 0)
+print("orphaned", flush=True)
+sys.stdin.read()
 """
 
 
-@pytest.fixture
-async def tree() -> AsyncIterator[tuple[AgentProcess, list[int]]]:
-    """A leader with a grandchild in its group and one that escaped it; both hold stdout."""
-    proc = await spawn(
-        [sys.executable, "-c", TREE], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB
-    )
-    pids: list[int] = []
-    try:
-        with anyio.fail_after(10):
-            pids = [int(p) for p in (await proc.receive_line()).split()]
-        yield proc, pids
-    finally:
-        with anyio.CancelScope(shield=True):
-            await proc.terminate(0.5)
-        for pid in pids:  # never leave a sleeper behind, even when the test failed
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+def sleepers_cleanup(pids: list[int]) -> None:
+    for pid in pids:  # never leave a sleeper behind, even when the test failed
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
-async def test_terminate_after_the_leader_died_kills_the_escaped_descendant(
-    tree: tuple[AgentProcess, list[int]],
-) -> None:
-    proc, pids = tree
-    await proc.refresh_descendants()
-    assert set(pids) <= proc.known_descendants
-    os.kill(proc.pid, signal.SIGKILL)
-    assert await proc.wait(5) == -signal.SIGKILL  # the leader's exit, though stdout stays open
-    assert all(process_alive(pid) for pid in pids)  # re-parented, one of them out of the group
-    assert psutil.Process(pids[0]).ppid() != proc.pid
+async def test_terminate_after_the_leader_died_kills_the_escaped_descendant() -> None:
+    """The leader is killed on its own: its children (one left the group with setsid) are
+    re-parented to the bridge, a child subreaper, and ending the agent still finds them."""
+    async with pumped(TREE) as child:
+        pids = [int(p) for p in (await child.line()).split()]
+        try:
+            proc = child.proc
+            os.kill(proc.pid, signal.SIGKILL)
+            assert await proc.wait(5) == -signal.SIGKILL  # the leader's exit, though stdout stays open
+            assert all(process_alive(pid) for pid in pids)
+            assert {psutil.Process(pid).ppid() for pid in pids} == {os.getpid()}  # adopted by the bridge
+            with anyio.fail_after(10):
+                await proc.terminate(0.5)
+            await wait_gone(pids)
+        finally:
+            sleepers_cleanup(pids)
+
+
+async def test_an_orphaned_descendant_that_left_the_group_is_ended_with_its_agent() -> None:
+    """A daemon the agent started (setsid, fork, exit) is out of the agent's tree and group while
+    the agent still runs; it carries the agent's spawn mark, so ending the agent ends it too."""
+    async with pumped(ORPHANED) as child:
+        await child.line(1)
+        daemon = next(int(line) for line in child.lines if line.isdigit())
+        proc = child.proc
+        try:
+            assert psutil.Process(daemon).ppid() == os.getpid() and os.getpgid(daemon) != proc.pid
+            assert proc.returncode is None  # the agent still runs
+            with anyio.fail_after(10):
+                await proc.terminate(0.5)
+            await wait_gone([daemon])
+        finally:
+            sleepers_cleanup([daemon])
+
+
+async def test_the_bridge_reaps_what_it_adopts_but_never_another_owners_child() -> None:
+    """Adopted orphans that exit are reaped (no zombies pile up under a long-lived bridge); a
+    child other code in the process started keeps its exit status for its owner."""
+    from compat.process.descendants import reap_adopted
+
+    theirs = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])
+    async with pumped(TREE) as child:
+        pids = [int(p) for p in (await child.line()).split()]
+        try:
+            os.kill(child.proc.pid, signal.SIGKILL)
+            await child.proc.wait(5)
+            with anyio.fail_after(10):
+                await child.proc.terminate(0.5)
+            await wait_gone(pids)
+        finally:
+            sleepers_cleanup(pids)
     with anyio.fail_after(10):
-        await proc.terminate(0.5)
-    await wait_gone(pids)
+        while psutil.Process(theirs.pid).status() != psutil.STATUS_ZOMBIE:
+            await anyio.sleep(0.01)  # polling OS state: no event exists for another's exit
+    reap_adopted()
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).ppid() != os.getpid()  # reaped, not a zombie of ours
+    assert theirs.wait(5) == 5  # its owner, not the bridge, reaped it
 
 
-async def test_the_stderr_pump_keeps_the_descendant_snapshot_fresh(tree: tuple[AgentProcess, list[int]]) -> None:
-    proc, pids = tree
-    async with anyio.create_task_group() as tg:
-        await tg.start(proc.pump_stderr)
-        with anyio.fail_after(5):
-            while not set(pids) <= proc.known_descendants:
-                await anyio.sleep(0.02)  # polling the pump's background scan; no event exists for it
-        os.kill(proc.pid, signal.SIGKILL)
-        assert await proc.wait(5) == -signal.SIGKILL
-        await proc.terminate(0.5)
-        await wait_gone(pids)
-        tg.cancel_scope.cancel()
+async def test_the_walk_at_kill_time_finds_the_escaped_and_the_grouped_grandchild() -> None:
+    """While the leader lives its tree is walked at kill time: what left the group is found."""
+    from compat.process.descendants import find_descendants
 
-
-@pytest.mark.parametrize("per_thread_children", [True, False] if _PROC_CHILDREN else [False])
-async def test_both_descendant_walks_find_the_escaped_and_the_grouped_grandchild(
-    tree: tuple[AgentProcess, list[int]], monkeypatch: pytest.MonkeyPatch, per_thread_children: bool
-) -> None:
-    """Where the kernel lists each thread's children the walk starts at the leader; elsewhere
-    it reads the whole process table (in a worker thread). Both must see the same tree."""
-    import compat._process as process
-
-    monkeypatch.setattr(process, "_PROC_CHILDREN", per_thread_children)
-    proc, pids = tree
-    assert set(pids) <= set(process._descendant_pids(proc.pid, 0.0))
-    await proc.refresh_descendants()
-    assert set(pids) <= proc.known_descendants
-
-
-async def test_the_snapshot_drops_descendants_that_ended(tree: tuple[AgentProcess, list[int]]) -> None:
-    proc, pids = tree
-    await proc.refresh_descendants()
-    os.kill(pids[0], signal.SIGKILL)
-    await wait_gone([pids[0]])
-    await proc.refresh_descendants()
-    assert pids[0] not in proc.known_descendants and pids[1] in proc.known_descendants
-
-
-async def test_a_trackers_waits_run_out_on_a_timer_not_a_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """uvloop fires timers up to 1 ms early and anyio re-arms a deadline until the loop's clock
-    reaches it, so each of a tracker's waits (one a second per agent) spun the event loop for up
-    to a millisecond; the waits are cancelled by a plain loop timer instead."""
-    import anyio._backends._asyncio as backend
-
-    import compat._process as process
-
-    monkeypatch.setattr(process, "_SCAN_RAMP", (0.01,) * 5)
-    scans: list[float] = []
-    deadline_checks = [0]
-    real_timeout = backend.CancelScope._timeout
-
-    def counted_timeout(scope: backend.CancelScope) -> None:
-        deadline_checks[0] += scope.deadline != math.inf  # also called on entering any scope
-        real_timeout(scope)
-
-    async def record(self: AgentProcess, max_age: float = 0.0) -> None:
-        scans.append(time.monotonic())
-
-    monkeypatch.setattr(backend.CancelScope, "_timeout", counted_timeout)
-    monkeypatch.setattr(AgentProcess, "refresh_descendants", record)
-    proc = await spawn(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"],
-        cwd=None,
-        env=child_env(),
-        max_line_bytes=KIB,
-        stderr_tail_bytes=KIB,
-    )
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(proc.track_descendants)
-            while len(scans) < 5:
-                await anyio.sleep(0.01)  # polling the tracker's own schedule; no event exists for it
-            tg.cancel_scope.cancel()
-        assert deadline_checks[0] == 0
-    finally:
-        with anyio.CancelScope(shield=True):
-            await proc.terminate(0.5)
+    async with pumped(TREE) as child:
+        pids = [int(p) for p in (await child.line()).split()]
+        try:
+            found = {p.pid for p in find_descendants(child.proc.pid, "no-mark", leader_alive=True)}
+            assert set(pids) <= found
+        finally:
+            sleepers_cleanup(pids)
 
 
 LEAVES_ITS_GROUP = """
@@ -241,63 +265,33 @@ time.sleep(600)
 async def test_terminate_reaches_a_leader_that_left_its_group() -> None:
     """In the bridge's session an agent may join another group (even the bridge's): the group
     signal no longer reaches it, the signal to the leader itself does."""
-    proc = await spawn(
-        [sys.executable, "-c", LEAVES_ITS_GROUP], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB
-    )
-    try:
+    async with pumped(LEAVES_ITS_GROUP) as child:
+        line = await child.line()
         with anyio.fail_after(10):
-            line = await proc.receive_line()
-        with anyio.fail_after(10):
-            status = await proc.terminate(0.5)
+            status = await child.proc.terminate(0.5)
         assert status in (-signal.SIGTERM, -signal.SIGKILL), (line, status)
-    finally:
-        if proc.returncode is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            await proc.wait(5)
 
 
-def test_terminate_keeps_the_exit_status_of_a_zombie_leader_on_the_fallback_path(tmp_path: Path) -> None:
-    """Without pidfds, on asyncio's loop, a child watcher thread reaps the leader. terminate must
-    not reap it first (``Popen.send_signal`` polls): the watcher then reported 255, not the exit
-    status. The watcher is held back here as on a loaded host, and the leader is a zombie."""
-    script = """
-import os, sys, threading, time
-from contextlib import suppress
-import anyio, psutil
-import compat._process as process
+@pytest.mark.parametrize("pidfd", [True, False])
+async def test_terminate_keeps_the_exit_status_of_a_leader_that_already_exited(
+    monkeypatch: pytest.MonkeyPatch, pidfd: bool
+) -> None:
+    """A leader that exited on its own (a zombie until reaped) reports its own status, with pidfds
+    and on the fallback where a worker thread waits for it."""
+    import compat.process.child as child_module
 
-process._PIDFD = False
-real_waitpid = os.waitpid
-
-def late_waitpid(pid, options):
-    if threading.current_thread().name.startswith("asyncio-waitpid-"):
-        with suppress(ChildProcessError):
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        time.sleep(0.05)
-    return real_waitpid(pid, options)
-
-os.waitpid = late_waitpid
-
-async def main():
-    proc = await process.spawn([sys.executable, "-c", "raise SystemExit(3)"], cwd=None,
-                               env=process.child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
+    monkeypatch.setattr(child_module, "PIDFD", pidfd)
+    proc = await spawn(
+        [sys.executable, "-c", "raise SystemExit(3)"],
+        cwd=None,
+        env=child_env(),
+        max_line_bytes=KIB,
+        stderr_tail_bytes=KIB,
+    )
     with anyio.fail_after(10):
         while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
-            await anyio.sleep(0.005)
-    print(await proc.terminate(2.0))
-
-anyio.run(main)
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "3", done.stderr
+            await anyio.sleep(0.005)  # polling OS state: no event exists for it
+    assert await proc.terminate(2.0) == 3
 
 
 STOPS_ITSELF = """
@@ -313,63 +307,15 @@ async def test_a_stopped_agent_still_gets_a_clean_shutdown() -> None:
     """SIGTERM is followed by SIGCONT: a stopped process acts on SIGTERM only once continued, so
     without it terminate waited the whole grace and then had to SIGKILL."""
     grace = 10.0
-    proc = await spawn(
-        [sys.executable, "-c", STOPS_ITSELF], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=KIB
-    )
-    try:
+    async with pumped(STOPS_ITSELF) as child:
+        proc = child.proc
+        await child.line()
         with anyio.fail_after(10):
-            await proc.receive_line()
             while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
                 await anyio.sleep(0.01)  # polling OS state: no event exists for a stop
         started = time.monotonic()
         assert await proc.terminate(grace) == 7
         assert time.monotonic() - started < grace / 2
-    finally:
-        if proc.returncode is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            await proc.wait(5)
-
-
-async def test_agents_started_together_do_not_scan_their_descendants_together(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each tracker's waits are jittered (``_SCAN_JITTER``): agents whose turns start in the same
-    moment would otherwise scan in the same moment, a burst on the event loop that every update
-    arriving then waits behind (bench case 4: 100 agents, seven bursts a turn)."""
-    import compat._process as process
-
-    monkeypatch.setattr(process, "_SCAN_RAMP", (0.05,) * 6)
-    scans: dict[int, list[float]] = {}
-
-    async def record(self: AgentProcess, max_age: float = 0.0) -> None:
-        scans.setdefault(self.pid, []).append(time.monotonic())
-
-    monkeypatch.setattr(AgentProcess, "refresh_descendants", record)
-    procs = [
-        await spawn(
-            [sys.executable, "-c", "import sys; sys.stdin.read()"],
-            cwd=None,
-            env=child_env(),
-            max_line_bytes=KIB,
-            stderr_tail_bytes=KIB,
-        )
-        for _ in range(2)
-    ]
-    try:
-        async with anyio.create_task_group() as tg:
-            for proc in procs:
-                tg.start_soon(proc.track_descendants)
-            with anyio.fail_after(10):
-                while min(len(scans.get(proc.pid, ())) for proc in procs) < 6:
-                    await anyio.sleep(0.05)  # polling the trackers' own schedule; no event exists for it
-            tg.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            for proc in procs:
-                await proc.terminate(0.5)
-    first, second = (scans[proc.pid][:6] for proc in procs)
-    apart = [abs(a - b) for a, b in zip(first, second, strict=False)]
-    assert max(apart) > 0.005, apart  # without jitter both wake at the same deadlines, microseconds apart
 
 
 # ---- secrets cut by the stderr tail ------------------------------------------------------------
@@ -379,7 +325,7 @@ async def test_stderr_tail_never_shows_part_of_a_key_the_client_cut_splits(
     make_agent: AgentFactory,
 ) -> None:
     key = "Zq9vLm2TxR7wKp4NbY8cHd3F"
-    adapter = make_agent("leak-key", env={"FAKE_API_KEY": key})
+    adapter = await make_agent("leak-key", env={"FAKE_API_KEY": key})
     outcome = await adapter.open_session("s1").run_turn(turn_request(), RecordingSink())
     assert outcome.error is not None and outcome.error.code == "AGENT_EXITED"
     tail = outcome.error.data["stderrTail"]
@@ -392,7 +338,7 @@ async def test_stderr_tail_never_shows_part_of_a_key_the_client_cut_splits(
 async def test_probe_reason_never_shows_part_of_a_key(make_agent: AgentFactory, cut: int) -> None:
     key = f"Pk7Hq2Wx9Lm4Rt6Vb8Nc{cut}Zd"
     args = [*make_agent.config("leak-key-start").args, "--leak-cut", str(cut)]
-    adapter = make_agent(args=args, env={"FAKE_API_KEY": key})
+    adapter = await make_agent(args=args, env={"FAKE_API_KEY": key})
     result = await adapter.probe_full()
     assert result.status == "error" and "code 1" in result.detail
     assert not shows_part_of(result.detail, key), result.detail[:80]
@@ -403,16 +349,9 @@ async def test_the_kept_tail_is_redacted_whole_even_when_the_ring_cut_splits_a_k
     register_secret(key)
     kept = 100  # the ring keeps 100 bytes: its cut falls 6 characters into the key
     script = f"import sys; sys.stderr.write('boot: key {key}\\n' + 'q' * {kept - len(key) + 5})"
-    proc = await spawn(
-        [sys.executable, "-c", script], cwd=None, env=child_env(), max_line_bytes=KIB, stderr_tail_bytes=kept
-    )
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(proc.pump_stderr)
-            assert await proc.wait_stderr_eof(10)
-            tg.cancel_scope.cancel()
-    finally:
-        await proc.terminate(0.5)
+    async with pumped(script, stderr_tail_bytes=kept) as child:
+        await child.proc.wait(10)
+        proc = child.proc
     padding = "q" * (kept - len(key) + 5)
     assert proc.stderr_tail() == proc.stderr_tail(kept) == padding  # the split line is dropped
     assert proc.stderr_tail(50) == ""  # a cut with no line boundary in it shows nothing

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import types
 from pathlib import Path
+from typing import Any, get_args
 
+import msgspec
 import orjson
 import pytest
 import yaml
@@ -13,27 +16,28 @@ from bridge.config import BridgeConfig
 from bridge.methods import METHODS
 from bridge.rpc.codec import loads
 from bridge.rpc.errors import RPC_ERRORS, TURN_ERROR_CODES
-from compat.knowledge.params import KnowledgeTurnParams, ReadParams
+from compat.knowledge.params import KnowledgeTurnParams
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.settings import convert
-from orchestrator import models
+from orchestrator.results import SessionUpdate
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
 EXAMPLE = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\n```(?P<lang>json|yaml)\n(?P<body>.*?)```", re.S)
 EXAMPLES = {m["name"]: (m["lang"], m["body"]) for m in EXAMPLE.finditer(DOC)}
-MODELS = {
-    "capabilities-result": models.CapabilitiesResult,
-    "resolve-params": models.ResolveParams,
-    "resolve-result": models.ResolveResult,
-    "turn-params": models.TurnParams,
-    "turn-result": models.TurnResult,
-    "turn-result-failed": models.TurnResult,
-    "session-ref": models.SessionRef,
-    "permission-params": models.PermissionParams,
-    "gateway-params": models.GatewayParams,
-    "update-done": models.SessionUpdate,
-    "knowledge-turn-params": KnowledgeTurnParams,
-    "knowledge-read-params": ReadParams,
+SPEC = {spec.name: spec for spec in METHODS}
+PARAMS = {  # example name -> the method whose params model it must fit
+    "resolve-params": "xworkmate.routing.resolve",
+    "turn-params": "session.start",
+    "session-ref": "session.cancel",
+    "permission-params": "session.permission",
+    "gateway-params": "xworkmate.gateway.request",
+    "knowledge-read-params": "knowledge.read",
+}
+RESULTS = {  # example name -> the method whose result model it must fit
+    "capabilities-result": "acp.capabilities",
+    "resolve-result": "xworkmate.routing.resolve",
+    "turn-result": "session.start",
+    "turn-result-failed": "session.start",
 }
 
 
@@ -43,15 +47,38 @@ def table(name: str) -> list[list[str]]:
     return [[cell.strip().strip("`") for cell in row.strip("|").split("|")] for row in rows]
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_json_examples_match_the_models(name):
-    lang, body = EXAMPLES[name]
-    MODELS[name].model_validate(orjson.loads(body))
+def fits(model: Any, data: Any) -> Any:
+    """``data`` read as ``model`` (a result model, or a union of them: any arm may fit)."""
+    arms = get_args(model) if isinstance(model, types.UnionType) else (model,)
+    errors = []
+    for arm in arms:
+        try:
+            return msgspec.convert(data, arm)
+        except msgspec.ValidationError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+def test_json_params_examples_match_the_registrys_params_models(name):
+    params = SPEC[PARAMS[name]].params
+    assert params is not None
+    params.model.model_validate(orjson.loads(EXAMPLES[name][1]))
+
+
+@pytest.mark.parametrize("name", sorted(RESULTS))
+def test_json_result_examples_match_the_registrys_result_models(name):
+    fits(SPEC[RESULTS[name]].result, orjson.loads(EXAMPLES[name][1]))
+
+
+def test_the_knowledge_turn_params_and_the_update_examples_match_their_models():
+    KnowledgeTurnParams.model_validate(orjson.loads(EXAMPLES["knowledge-turn-params"][1]))
+    fits(SessionUpdate, orjson.loads(EXAMPLES["update-done"][1]))
 
 
 def test_every_json_block_in_the_doc_parses():
     blocks = re.findall(r"```json\n(.*?)```", DOC, re.S)
-    assert len(blocks) >= len(MODELS)
+    assert len(blocks) >= len(PARAMS) + len(RESULTS)
     for block in blocks:
         loads(block)
 
@@ -92,6 +119,5 @@ def test_turn_error_table_matches_the_code():
     assert [row[0] for row in table("turn-errors")] == list(TURN_ERROR_CODES)
 
 
-def test_every_method_is_documented():
-    for method in METHODS:
-        assert f"### {method}" in DOC or f"`{method}`" in DOC
+def test_the_methods_table_lists_exactly_the_registrys_methods_in_order():
+    assert [row[0] for row in table("methods")] == [spec.name for spec in METHODS]

@@ -21,10 +21,10 @@ from websockets.asyncio.client import connect
 from bridge.cli import build_app
 from bridge.config import BridgeConfig
 from compat.settings import convert
-from orchestrator.models import SessionUpdate, TurnResult
+from orchestrator.results import SessionUpdate, TurnResult
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
-from tests.helpers import WsClient as Client
+from tests.helpers import conforms, WsClient as Client
 from tests.helpers import real_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -93,7 +93,7 @@ async def test_session_start_streams_a_real_agent_answer(name: str, fake_llm: Fa
         result = reply["result"]
         context = f"result={result}\nllm={fake_llm.summary()}"
         assert result["success"] is True and result["status"] == "completed", context
-        TurnResult.model_validate(result)
+        conforms(TurnResult, result)
         ups = client.updates()
         deltas = [u["delta"] for u in ups if u["type"] == "delta"]
         assert "".join(deltas) == result["output"], context
@@ -104,7 +104,7 @@ async def test_session_start_streams_a_real_agent_answer(name: str, fake_llm: Fa
         assert [u["seq"] for u in ups] == list(range(1, len(ups) + 1))
         assert all(u["turnId"] == result["turnId"] and u["sessionId"] == "e2e-1" for u in ups)
         for update in ups:
-            SessionUpdate.model_validate(update)
+            conforms(SessionUpdate, update)
         assert result["resolvedProviderId"] == name
 
         # a second turn continues the same agent session

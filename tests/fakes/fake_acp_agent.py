@@ -32,6 +32,12 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     leak-key-start   the same at start-up, before answering anything
     unknown-request  mid-turn sends a vendor notification, a `_vendor.example/drain` request and
                      an `fs/read_text_file` request, waits for the answers and echoes their codes
+    early-updates    before answering session/new: an available_commands_update and a message
+                     chunk for the new session id (a JetBrains client hung on this order)
+    late-chunk       20 ms after answering the prompt: one more message chunk ("late")
+    surrogate        a chunk and the prompt result's _meta carry a lone UTF-16 surrogate, as
+                     Node agents write when they cut a string ("\ud83d")
+    between-turns    20 ms after answering the prompt: a current_mode_update (between turns)
 
 Every received message and notable event is appended to ``--log`` (JSON lines with our pid).
 """
@@ -217,6 +223,10 @@ class FakeAgent:
         sid = "fake-" + uuid.uuid4().hex[:12]
         self.sessions[sid] = {"cwd": params["cwd"], "history": []}
         self._save_state()
+        if "early-updates" in self.modes:
+            commands = [{"name": "early", "description": "Sent before session/new answered"}]
+            self.update(sid, {"sessionUpdate": "available_commands_update", "availableCommands": commands})
+            self.chunk(sid, "early ")
         self.result(msg_id, {"sessionId": sid, **self.model_state()})
 
     def on_session_load(self, msg_id: object, params: dict) -> None:
@@ -294,11 +304,21 @@ class FakeAgent:
         self._save_state()
         usage = {"inputTokens": 10, "outputTokens": 20, "totalTokens": 30, "thoughtTokens": 5}
         meta = {"quota": {"token_count": {"input_tokens": 11, "output_tokens": 21}}}
+        if "surrogate" in self.modes:
+            meta["note"] = "cut \ud83d"  # a lone high surrogate (json.dumps writes it as an escape)
         result = {"jsonrpc": "2.0", "id": msg_id, "result": {"stopReason": stop, "usage": usage, "_meta": meta}}
         if "unterminated" in self.modes:
             self.write(result, newline=False)
             os._exit(0)
         self.write(result)
+        if "late-chunk" in self.modes:
+            time.sleep(0.02)
+            self.chunk(sid, "late")
+            self.log(event="late-chunk")
+        if "between-turns" in self.modes:
+            time.sleep(0.02)
+            self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": "plan"})
+            self.log(event="between-turns")
         if "late-permission" in self.modes:
             threading.Thread(target=self.late_permission, args=(sid,), daemon=True).start()
         if "nested-after" in self.modes:
@@ -340,6 +360,9 @@ class FakeAgent:
             return self.permission(sid, cancelled)
         if "unknown-request" in modes:
             return self.unknown_requests(sid)
+        if "surrogate" in modes:
+            self.chunk(sid, "smile \ud83d")  # cut inside the surrogate pair of U+1F600
+            return "end_turn"
         if "bigline" in modes:
             content = [{"type": "content", "content": {"type": "text", "text": "b" * 100 * KIB}}]
             self.tool(sid, "tool_call", "big", title="Big", status="pending")

@@ -59,4 +59,4 @@ def runtime() -> Iterator[tuple[FakeRuntime, str]]:
 
 
 def artifact_of(outcome: Any) -> dict[str, Any]:
-    return outcome.extra["artifacts"][0]
+    return outcome.artifacts[0]

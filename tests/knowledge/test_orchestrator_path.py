@@ -9,10 +9,12 @@ import pytest
 
 from compat.knowledge.adapter import KnowledgeAdapter
 from compat.settings import Limits, Timeouts
-from orchestrator.models import TurnParams, TurnResult
+from orchestrator.models import TurnParams
+from orchestrator.results import TurnResult
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
 from tests.knowledge.helpers import make_service
+from tests.helpers import conforms, wire
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -30,8 +32,8 @@ async def test_a_session_start_routed_to_knowledge_streams_status_and_returns_th
                     "mode": "craft",
                 }
             )
-            result = await orch.run_turn(params, "local", lambda method, p: updates.append(p), start=True)
-    TurnResult.model_validate(result)
+            result = wire(await orch.run_turn(params, "local", lambda method, p: updates.append(p), start=True))
+    conforms(TurnResult, result)
     artifact = result["artifacts"][0]
     assert result["success"] is True and result["resolvedProviderId"] == "knowledge"
     assert result["output"] == artifact["answer"]

@@ -94,7 +94,7 @@ async def test_fallback_lexical_sends_the_plain_request_and_records_a_diagnostic
     retrieval = {**VECTOR, "fallback": "lexical"}
     async with make_service() as service:
         outcome, _ = await run(service, "refunds over 500 USD", retrieval=retrieval)
-    artifact = outcome.extra["artifacts"][0]
+    artifact = outcome.artifacts[0]
     [diagnostic] = artifact["diagnostics"]
     assert outcome.status == "completed" and diagnostic["phase"] == "retrieval" and diagnostic["severity"] == "warning"
     obs = {o["name"]: o["value"] for o in diagnostic["observations"]}
@@ -162,7 +162,7 @@ async def test_a_request_local_wiki_inside_the_workspace_answers(wiki_copy: Path
     source = {"id": "mine", "protocol": "local-wiki", "root": str(wiki_copy)}
     async with make_service(request_sources=POLICY) as service:
         outcome, _ = await run(service, "How fast must we respond to a chargeback?", knowledgeSources=[source])
-    assert outcome.extra["artifacts"][0]["citations"][0]["id"] == "mine:ops/billing/chargebacks"
+    assert outcome.artifacts[0]["citations"][0]["id"] == "mine:ops/billing/chargebacks"
 
 
 def test_configured_sources_must_have_unique_ids() -> None:

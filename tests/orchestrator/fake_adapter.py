@@ -20,6 +20,8 @@ from compat.base import (
 
 
 class FakeSession:
+    upstream_session_id: str | None = None
+
     def __init__(self, adapter: FakeAdapter) -> None:
         self.adapter = adapter
         self.cancelled = anyio.Event()
@@ -29,6 +31,7 @@ class FakeSession:
     async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
         self.cancelled = anyio.Event()
         self.turns.append(request)
+        sink.begin()
         self.adapter.started.set()
         prompt = request.prompt
         if prompt.startswith("echo "):
@@ -60,8 +63,9 @@ class FakeSession:
         sink.emit(TextDelta(prompt))
         return TurnOutcome("completed", stop_reason="end_turn")
 
-    async def cancel(self) -> None:
-        self.cancelled.set()
+    def request_cancel(self) -> bool:
+        self.cancelled.set()  # the prompts that wait for it return "cancelled"
+        return True
 
     async def aclose(self) -> None:
         self.closed = True
@@ -80,6 +84,9 @@ class FakeAdapter:
 
     async def probe_full(self) -> ProbeResult:
         return self.probe_cheap()
+
+    async def preflight(self, params: dict[str, Any]) -> None:
+        pass
 
     def open_session(self, session_id: str) -> FakeSession:
         session = FakeSession(self)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.models import ResolveResult
+from orchestrator.results import ResolveResult
 from orchestrator.routing import RoutingInput, resolve
+from tests.helpers import conforms
 
 SKILLS = [
     {"id": "pptx", "label": "PPTX", "installed": True},
@@ -32,7 +33,7 @@ NINE = [
 
 def run(prompt: str, routing: dict | None, available=("codex", "gemini"), gateway=True) -> dict:
     result = resolve(RoutingInput.from_params(prompt, routing), list(available), gateway).to_wire()
-    ResolveResult.model_validate(result)
+    conforms(ResolveResult, result)
     return result
 
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from compat.base import TextDelta, TurnOutcome, TurnRequest
-from compat.profile import ProfileAdapter, ProfileSession
-from compat.profile_settings import parse_profile
+from compat.profile.adapter import ProfileAdapter, ProfileSession
+from compat.profile.settings import parse_profile
 from compat.settings import Limits, Timeouts
 from tests.compat.conftest import RecordingSink, process_alive, wait_gone
 

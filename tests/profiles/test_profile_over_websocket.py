@@ -20,9 +20,9 @@ from websockets.asyncio.client import connect
 
 from bridge.cli import build_app
 from bridge.config import BridgeConfig, load_config
-from compat.profile_settings import tools_dir
-from orchestrator.models import SessionUpdate, TurnResult
-from tests.helpers import WsClient as Client
+from compat.profile.settings import tools_dir
+from orchestrator.results import SessionUpdate, TurnResult
+from tests.helpers import conforms, WsClient as Client
 from tests.helpers import real_server
 
 from .conftest import SCRIPTS
@@ -98,12 +98,12 @@ async def test_a_profile_turn_over_websocket_streams_and_keeps_its_session(
         assert entry["category"] == "profile" and entry["label"] == "Echo" and entry["enabled"] is True
 
         result = (await client.call("session.start", turn("echo", "ws-1", "hello bridge", tmp_path)))["result"]
-        TurnResult.model_validate(result)
+        conforms(TurnResult, result)
         assert result["success"] is True and result["output"] == "echo: hello bridge", result
         assert result["upstreamSessionId"] == "py-1" and result["resolvedProviderId"] == "echo"
         ups = client.updates(result["turnId"])
         for update in ups:
-            SessionUpdate.model_validate(update)
+            conforms(SessionUpdate, update)
         assert [u["delta"] for u in ups if u["type"] == "delta"] == ["echo: ", "hello bridge"]
         assert ups[-1]["type"] == "done" and ups[-1]["status"] == "completed"
 
@@ -135,7 +135,7 @@ async def test_profile_failures_are_results_with_profile_error_codes(
         }
         for n, (provider, (status, code)) in enumerate(expected.items()):
             result = (await client.call("session.start", turn(provider, f"f-{n}", "go", tmp_path)))["result"]
-            TurnResult.model_validate(result)
+            conforms(TurnResult, result)
             assert (result["status"], result["error"]["code"]) == (status, code), result
             deltas = [u["delta"] for u in client.updates(result["turnId"]) if u["type"] == "delta"]
             assert "".join(deltas) == result["output"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from compat._profile_protocol import (
+from compat.profile.protocol import (
     ENV_MESSAGE_MAX_BYTES,
     Body,
     ClaudeStreamParser,
@@ -21,7 +21,7 @@ from compat._profile_protocol import (
     protocol_env,
     wire_safe,
 )
-from compat._profile_turn import reply_rest
+from compat.profile.run import reply_rest
 from compat.base import ThoughtDelta, ToolCallEvent, UsageEvent
 
 from .conftest import request

@@ -13,7 +13,7 @@ import shutil
 import orjson
 import pytest
 
-from compat.profile_settings import find_tsx
+from compat.profile.settings import find_tsx
 
 from .conftest import ProfileFactory, deltas, run_turn
 

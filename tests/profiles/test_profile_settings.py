@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from compat.profile_settings import (
+from compat.profile.settings import (
     ProfileConfig,
     ProfileConfigError,
     find_tsx,
@@ -191,7 +191,7 @@ def test_claude_code_needs_the_bundled_cli(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_probe_cheap_reports_what_is_missing(tmp_path: Path) -> None:
-    from compat.profile import ProfileAdapter
+    from compat.profile.adapter import ProfileAdapter
     from compat.settings import Limits, Timeouts
 
     adapter = ProfileAdapter("bot", ProfileConfig(script="gone.py"), Limits(), Timeouts(), profile_dir=tmp_path)

@@ -19,8 +19,8 @@ import msgspec
 import pytest
 import yaml
 
-from compat.profile import ProfileAdapter
-from compat.profile_settings import ProfileConfig, find_claude_cli, parse_profile, parse_profiles, tools_dir
+from compat.profile.adapter import ProfileAdapter
+from compat.profile.settings import ProfileConfig, find_claude_cli, parse_profile, parse_profiles, tools_dir
 from compat.settings import Limits, Timeouts
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)

@@ -13,9 +13,9 @@ import anyio
 import orjson
 import pytest
 
-from compat._profile_protocol import ENV_MESSAGE_MAX_BYTES
+from compat.profile.protocol import ENV_MESSAGE_MAX_BYTES
 from compat.base import TurnOutcome
-from compat.profile import ProfileAdapter, ProfileSession
+from compat.profile.adapter import ProfileAdapter, ProfileSession
 
 from .conftest import ProfileFactory, RecordingSink, deltas, group_members, pids_in, request, run_turn, wait_gone
 
@@ -184,7 +184,7 @@ async def test_cancel_ends_the_process_group_and_the_turn_is_cancelled(
         await turn.sink.wait_for(lambda s: deltas(s) == ["started"], timeout=20)
         pgid = session.pid
         assert pgid is not None and group_members(pgid)
-        await session.cancel()
+        turn.cancel()
         outcome = await turn.wait(10)  # cancelGrace (1 s) plus the kill
     assert outcome.status == "cancelled" and outcome.stop_reason == "cancelled"
     assert deltas(turn.sink) == ["started"]
@@ -193,19 +193,30 @@ async def test_cancel_ends_the_process_group_and_the_turn_is_cancelled(
 
 
 class Turn:
-    """A turn running in the background: ``done`` is set with ``outcome``."""
+    """A turn running in the background: ``done`` is set with ``outcome``. :meth:`cancel` does what
+    the orchestrator does: a graceful stop when the provider offers one, else the turn is cut off
+    (its scope cancelled), which a profile ends with its process group; a cut-off turn's outcome is
+    ``cancelled``, as the orchestrator records it."""
 
     def __init__(self, session: ProfileSession, sink: RecordingSink | None = None) -> None:
         self.session = session
         self.sink = sink or RecordingSink()
         self.outcome: TurnOutcome | None = None
         self.done = anyio.Event()
+        self._scope = anyio.CancelScope()
 
     async def __call__(self, order: list[Turn] | None = None) -> None:
-        self.outcome = await self.session.run_turn(request(), self.sink)
+        with self._scope:
+            self.outcome = await self.session.run_turn(request(), self.sink)
+        if self._scope.cancelled_caught:
+            self.outcome = TurnOutcome("cancelled", stop_reason="cancelled")
         if order is not None:
             order.append(self)
         self.done.set()
+
+    def cancel(self) -> None:
+        if not self.session.request_cancel():
+            self._scope.cancel()
 
     async def wait(self, timeout: float = 10) -> TurnOutcome:
         with anyio.fail_after(timeout):
@@ -224,6 +235,8 @@ async def test_a_grandchild_holding_stdout_does_not_hold_the_turn(make_profile: 
 
 
 async def test_aclose_during_a_turn_leaves_no_process(make_profile: ProfileFactory, tmp_path: Path) -> None:
+    """The bridge stops a session's turn before it closes its provider session; an adapter closed
+    under a running turn still ends the process group, and the turn ends with it (killed)."""
     adapter = make_profile.modes("hang")
     session = adapter.open_session("s1")
     turn = Turn(session)
@@ -232,7 +245,8 @@ async def test_aclose_during_a_turn_leaves_no_process(make_profile: ProfileFacto
         await turn.sink.wait_for(lambda s: deltas(s) == ["started"], timeout=20)
         with anyio.fail_after(10):
             await adapter.aclose()
-    assert (await turn.wait()).status == "cancelled"
+    ended = await turn.wait()
+    assert ended.status == "failed" and ended.error.code == "PROFILE_EXIT" and ended.error.data["exitCode"] < 0
     await wait_gone(pids_in(tmp_path / "pids"))
     outcome, _ = await run_turn(session)
     assert outcome.status == "failed" and outcome.error.code == "PROFILE_ERROR"  # the session is closed
@@ -347,7 +361,7 @@ async def test_cancel_of_a_turn_waiting_for_a_slot_ends_it_without_starting_it(
         await first.sink.wait_for(lambda s: "started" in deltas(s), timeout=20)
         tg.start_soon(second)
         await _wait_for_slot(adapter)
-        await second.session.cancel()
+        second.cancel()
         assert (await second.wait(5)).status == "cancelled" and deltas(second.sink) == []
         assert not first.done.is_set()
         gate.touch()

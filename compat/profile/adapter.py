@@ -3,12 +3,13 @@ exec``, an in-house tool) speaking the P0 exec protocol of the iLink Hub Bridge 
 SDKs, and the built-in ``claude-code`` profile (the Claude Code CLI in print mode).
 
 :class:`ProfileAdapter` implements ``ProviderAdapter``; :class:`ProfileSession` implements
-``ProviderSession``. Every turn is one process run (``compat._profile_turn``); what carries over
+``ProviderSession``. Every turn is one process run (``compat.profile.run``); what carries over
 between turns is the upstream session id the profile reported (``AGENT_SESSION:``), handed back
 as ``AGENT_SESSION_ID`` (``--resume <id>`` for claude-code). One turn at a time per session;
 different sessions of one profile run in parallel up to ``max_concurrent``, the excess waits.
 
-Configuration keys: ``compat.profile_settings``; protocol: ``compat._profile_protocol``.
+Configuration keys: ``compat.profile.settings``; protocol: ``compat.profile.protocol``; one run:
+``compat.profile.run``.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -18,15 +19,16 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from bridge.rpc.redact import register_env_secrets
-from compat._process import ENV_NEVER, child_env
-from compat._profile_protocol import ClaudeStreamParser, ExecLineParser, fill_placeholders, protocol_env, wire_safe
-from compat._profile_turn import Launch, ProfileRun
 from compat.base import ProbeResult, ProviderInfo, TurnError, TurnOutcome, TurnRequest, TurnSink
-from compat.profile_settings import ProfileConfig, ProfileConfigError, resolve_runtime
+from compat.process.env import ENV_NEVER, child_env
+from compat.profile.protocol import ClaudeStreamParser, ExecLineParser, fill_placeholders, protocol_env, wire_safe
+from compat.profile.run import Launch, ProfileRun
+from compat.profile.settings import ProfileConfig, ProfileConfigError, resolve_runtime
 from compat.settings import Limits, Timeouts
 
 __all__ = ["CLAUDE_PRINT_ARGS", "ProfileAdapter", "ProfileSession"]
@@ -34,7 +36,6 @@ __all__ = ["CLAUDE_PRINT_ARGS", "ProfileAdapter", "ProfileSession"]
 logger = logging.getLogger(__name__)
 
 CLAUDE_PRINT_ARGS = ("-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages")
-_CLOSE_SLACK = 5.0  # seconds aclose() waits for a running turn beyond cancelGrace
 
 
 class ProfileAdapter:
@@ -82,6 +83,9 @@ class ProfileAdapter:
     async def probe_full(self) -> ProbeResult:
         """The same as :meth:`probe_cheap`: running a profile is a turn (it may cost money)."""
         return self.probe_cheap()
+
+    async def preflight(self, params: dict[str, Any]) -> None:
+        """Profiles take no provider-family params: nothing to refuse."""
 
     def open_session(self, session_id: str) -> ProfileSession:
         session = ProfileSession(self, session_id)
@@ -178,7 +182,8 @@ class ProfileSession:
         return process.pid if process is not None else None
 
     async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
-        """Run one turn; failures are outcomes (``PROFILE_*``, ``OUTPUT_LIMIT``)."""
+        """Run one turn; failures are outcomes (``PROFILE_*``, ``OUTPUT_LIMIT``). Cut off (a
+        cancel), the process group is ended (SIGTERM, SIGKILL after ``cancelGrace``)."""
         async with self._lock:
             if self._closed:
                 return TurnOutcome("failed", error=TurnError("PROFILE_ERROR", "the session is closed"))
@@ -186,44 +191,29 @@ class ProfileSession:
                 sink, self._adapter.limits, self._adapter.timeouts.cancel_grace, self.upstream_session_id
             )
             try:
-                return await self._run_in_slot(run, request)
+                async with self._adapter.slots:  # max_concurrent runs of this profile; the rest wait
+                    return await self._start(run, request)
             finally:
                 self._run = None
                 if run.session_id:
                     self.upstream_session_id = run.session_id
 
-    async def cancel(self) -> None:
-        """Stop the running (or waiting) turn: its process group is ended, it ends ``cancelled``."""
-        if self._run is not None:
-            self._run.request_stop("cancel")
+    def request_cancel(self) -> bool:
+        """A profile has no graceful stop: a cancel ends its process group at once."""
+        return False
 
     async def aclose(self) -> None:
-        """End a running turn and its processes; bounded and idempotent."""
+        """End a running turn's processes; bounded and idempotent."""
         self._closed = True
         self._adapter.forget(self)
-        with anyio.CancelScope(shield=True):
-            run = self._run
-            if run is not None:
-                run.request_stop("cancel")
-            with anyio.move_on_after(self._adapter.timeouts.cancel_grace + _CLOSE_SLACK):
-                async with self._lock:
-                    pass
-            if run is not None and run.process is not None:
-                await run.process.terminate(self._adapter.timeouts.cancel_grace)
+        run = self._run
+        if run is not None and run.process is not None:
+            await run.process.terminate(self._adapter.timeouts.cancel_grace)
 
-    async def _run_in_slot(self, run: ProfileRun, request: TurnRequest) -> TurnOutcome:
-        with anyio.CancelScope() as waiting:
-            run.on_stop = waiting.cancel  # a cancel while waiting for a slot ends the wait
-            await self._adapter.slots.acquire()
-        run.on_stop = None
-        if waiting.cancelled_caught:
-            return run.cancelled()
+    async def _start(self, run: ProfileRun, request: TurnRequest) -> TurnOutcome:
         try:
-            try:
-                launch = self._adapter.launch(request, self.upstream_session_id)
-            except ProfileConfigError as exc:
-                error = TurnError("PROFILE_ERROR", str(exc))
-                return run.failed(error, send_error_reply=self._adapter.profile.send_error_reply)
-            return await run.run(launch)
-        finally:
-            self._adapter.slots.release()
+            launch = self._adapter.launch(request, self.upstream_session_id)
+        except ProfileConfigError as exc:
+            error = TurnError("PROFILE_ERROR", str(exc))
+            return run.failed(error, send_error_reply=self._adapter.profile.send_error_reply)
+        return await run.run(launch)

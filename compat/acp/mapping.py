@@ -14,9 +14,11 @@ from typing import Any
 
 import orjson
 
+from bridge.rpc.codec import cut_utf8
 from bridge.rpc.redact import redact
 from compat.base import (
     PlanEvent,
+    SessionStateEvent,
     StatusEvent,
     TextDelta,
     ThoughtDelta,
@@ -27,13 +29,15 @@ from compat.base import (
 )
 from compat.settings import PermissionPolicy
 
-UNMAPPED_UPDATE_KINDS = (
+SESSION_STATE_KINDS = (
     "available_commands_update",
     "current_mode_update",
     "config_option_update",
     "session_info_update",
 )
-"""ACP update kinds passed on as ``StatusEvent(event=<kind>)``; so is any kind we do not know."""
+"""ACP update kinds that describe the session rather than a turn: ``SessionStateEvent(kind)``,
+kept as the session's state whenever they arrive (between turns too, and during ``session/load``'s
+replay). Any kind we do not know is passed on as ``StatusEvent(event=<kind>)``."""
 
 IGNORED_UPDATE_KINDS = ("user_message_chunk",)
 """Echoes of our own prompt (and ``session/load`` replays): never forwarded."""
@@ -87,6 +91,8 @@ class UpdateMapper:
         if kind in IGNORED_UPDATE_KINDS:
             return []
         data = {k: v for k, v in update.items() if k != "sessionUpdate"}
+        if kind in SESSION_STATE_KINDS:
+            return [SessionStateEvent(kind, data or None)]
         return [StatusEvent(event=str(kind or "unknown"), data=data or None)]
 
     def add_usage(self, usage: dict[str, Any]) -> list[TurnEvent]:
@@ -134,7 +140,7 @@ def cap_content(content: Any, limit: int) -> tuple[Any, bool]:
             continue
         block = item.get("content") if isinstance(item, dict) else None
         if isinstance(block, dict) and isinstance(block.get("text"), str) and room > 0:
-            cut = block["text"].encode()[:room].decode("utf-8", "ignore")
+            cut = cut_utf8(block["text"], room)
             kept.append({**item, "content": {**block, "text": cut}})
         break
     return kept, True

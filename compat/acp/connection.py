@@ -1,10 +1,15 @@
-"""One ACP agent process: spawn, handshake, and the agent methods the adapter calls.
+"""One ACP agent process: spawn, handshake, and the agent methods the ACP session calls.
 
-The connection owns an :class:`~compat._process.AgentProcess` and its
-:class:`~compat.jsonrpc_peer.JsonRpcPeer`. Its pumps (stdout reader, stderr drain) run either for
-the process's whole life (:meth:`host`, when the adapter runs as a service) or for as long as
-someone talks to it (:meth:`attach`: one turn, one probe). Method names and params follow the
-ACP v1 schema (acp-and-real-agents.md §1).
+The connection owns an :class:`~compat.process.AgentProcess` and its
+:class:`~compat.peer.JsonRpcPeer`. :meth:`AcpConnection.run` pumps the process's pipes into the
+peer and hosts the peer's request handlers for the process's whole life, in a task group of the
+adapter's (between turns too: a permission asked then is answered, stderr is drained, an exit is
+noticed). Method names and params follow the ACP v1 schema (acp-and-real-agents.md §1).
+
+Messages are raw dicts, not the ``agent-client-protocol`` package's models: that package drops
+fields it does not know (gemini's ``models`` in ``session/new``, acp-and-real-agents.md §0 fact 2)
+and importing its schema costs about a second, on the event loop, at the first agent. The tests
+check what the bridge sends against those models (tests/compat/test_acp_schema.py).
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -13,47 +18,55 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
-from functools import partial
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from compat._process import AgentProcess, spawn
-from compat.jsonrpc_peer import (
+from compat.peer import (
+    Call,
     JsonRpcPeer,
     NotificationHandler,
+    PeerClosed,
     PeerError,
+    PeerProtocolError,
     RequestHandler,
     ResponseError,
 )
+from compat.process.child import AgentProcess, spawn
+from compat.process.lines import LineTooLong
 from compat.settings import Limits, Timeouts
 
 PROTOCOL_VERSION = 1
 AUTH_REQUIRED = -32000  # ACP's ErrorCode for "authentication required"
-CLIENT_INFO = {"name": "xworkmate-bridge", "title": "XWorkmate Bridge", "version": "0.1.0"}
-_CANCEL_WRITE_BOUND = 1.0  # seconds: a stuck stdin must not hold up a cancel
-_PUMP_FAILURE_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for an agent we can no longer read
+CLIENT_INFO = {"name": "xworkmate-bridge", "title": "XWorkmate Bridge"}
+"""``clientInfo`` in ``initialize``; the adapter adds the bridge's version."""
+KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL when the bridge ends an agent itself
 
 logger = logging.getLogger(__name__)
 
 
 class AcpConnection:
-    """An agent process speaking ACP; create with :meth:`start`."""
+    """An agent process speaking ACP; create with :meth:`start`, then host :meth:`run`."""
 
-    def __init__(self, process: AgentProcess, peer: JsonRpcPeer, timeouts: Timeouts, launch_model: str | None) -> None:
+    def __init__(
+        self,
+        process: AgentProcess,
+        limits: Limits,
+        timeouts: Timeouts,
+        launch_model: str | None,
+        client_version: str = "",
+    ) -> None:
         self.process = process
-        self.peer = peer
+        self.peer = JsonRpcPeer(process.write, name=f"pid {process.pid}")
         self.launch_model = launch_model
         """The model passed with ``modelFlag`` on the command line, if any."""
         self.initialize_result: dict[str, Any] = {}
         self.sessions: set[str] = set()
         """ACP session ids created or loaded in this process."""
-        self.hosted = False
-        """The pumps run until :meth:`close` (:meth:`host`); else each user attaches them."""
+        self._limits = limits
         self._timeouts = timeouts
-        self._pumps = anyio.CancelScope()
+        self._client_info = {**CLIENT_INFO, "version": client_version}
 
     @classmethod
     async def start(
@@ -65,6 +78,7 @@ class AcpConnection:
         limits: Limits,
         timeouts: Timeouts,
         launch_model: str | None = None,
+        client_version: str = "",
         on_update: NotificationHandler | None = None,
         on_permission: RequestHandler | None = None,
     ) -> AcpConnection:
@@ -81,12 +95,39 @@ class AcpConnection:
             max_line_bytes=limits.max_agent_line_bytes,
             stderr_tail_bytes=limits.stderr_tail_bytes,
         )
-        peer = JsonRpcPeer(process, stderr_tail_bytes=limits.client_stderr_tail_bytes)
+        conn = cls(process, limits, timeouts, launch_model, client_version)
         if on_update is not None:
-            peer.on_notification("session/update", on_update)
+            conn.peer.on_notification("session/update", on_update)
         if on_permission is not None:
-            peer.on_request("session/request_permission", on_permission)
-        return cls(process, peer, timeouts, launch_model)
+            conn.peer.on_request("session/request_permission", on_permission)
+        return conn
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Pump the agent's output into the peer until the agent is gone; never raises for what
+        the agent does (the adapter's task group, which every session shares, must not end).
+
+        At the end every request still waiting fails: :class:`~compat.peer.PeerClosed` (exit code,
+        stderr tail) when the agent exited or closed stdout, :class:`~compat.peer.PeerProtocolError`
+        when it broke the framing (then the agent is ended too).
+        """
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.peer.serve)
+                task_status.started()
+                try:
+                    await self.process.run(self.peer.feed)
+                except LineTooLong as exc:
+                    self.peer.close(PeerProtocolError(str(exc)))
+                else:
+                    tail = self.process.stderr_tail(self._limits.client_stderr_tail_bytes)
+                    self.peer.close(PeerClosed(self.process.returncode, tail))
+                tg.cancel_scope.cancel()
+        except Exception:
+            logger.exception("pid %d: pumping the agent failed; ending it", self.process.pid)
+            self.peer.close(PeerProtocolError("internal error reading the agent's output"))
+        finally:
+            if isinstance(self.peer.error, PeerProtocolError):
+                await self.process.terminate(KILL_GRACE)
 
     @property
     def alive(self) -> bool:
@@ -108,43 +149,17 @@ class AcpConnection:
         methods = self.initialize_result.get("authMethods")
         return [m for m in methods if isinstance(m, dict)] if isinstance(methods, list) else []
 
-    def host(self, tg: anyio.abc.TaskGroup) -> None:
-        """Run the pumps in ``tg``, a task group that outlives the turns, until :meth:`close`.
+    @property
+    def has_unanswered(self) -> bool:
+        """A request to the agent is still waiting for its answer: the agent's state is unknown."""
+        return self.peer.unanswered > 0
 
-        Per-turn pumps cost a turn on a kept agent about 0.2 ms of event-loop time to start and
-        cancel their tasks (server CPU per turn 0.81 ms, 0.59 ms hosted); kept running, they
-        also drain stderr between turns, answer a permission asked between turns and notice an
-        agent that exited. The descendant tracker still runs per use (:meth:`attach`): an idle
-        agent is not scanned.
-        """
-        self.hosted = True
-        tg.start_soon(self._run_pumps)
-
-    async def _run_pumps(self) -> None:
-        with self._pumps:
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(partial(self.process.pump_stderr, track_descendants=False))
-                    tg.start_soon(self.peer.run)
-            except Exception:  # never into the adapter's task group, which every session shares
-                logger.exception("pid %d: the agent's pumps failed; ending it", self.process.pid)
-                with anyio.CancelScope(shield=True):
-                    await self.process.terminate(_PUMP_FAILURE_GRACE)
-
-    async def attach(self, tg: anyio.abc.TaskGroup) -> None:
-        """Run, in ``tg`` until its scope is cancelled, what one use of the agent (a turn, a
-        probe) needs: the descendant tracker, and the stdout reader and stderr pump unless
-        :meth:`host` runs them.
-
-        They start with the next pass of the event loop, without waiting for them: what the
-        agent writes meanwhile waits in its pipes. Each wait was one more pass before the first
-        request, and in a start storm a pass takes tens of milliseconds (bench case 4).
-        """
-        if self.hosted:
-            tg.start_soon(self.process.track_descendants)
-            return
-        tg.start_soon(self.process.pump_stderr)
-        tg.start_soon(self.peer.run)
+    def drain(self) -> None:
+        """Hand over every line the agent has already written (see ``AgentProcess.drain``)."""
+        try:
+            self.process.drain()
+        except LineTooLong as exc:
+            self.peer.close(PeerProtocolError(str(exc)))
 
     async def initialize(self) -> dict[str, Any]:
         """ACP ``initialize`` with no fs or terminal capabilities, bounded by
@@ -155,7 +170,7 @@ class AcpConnection:
                 "fs": {"readTextFile": False, "writeTextFile": False},
                 "terminal": False,
             },
-            "clientInfo": CLIENT_INFO,
+            "clientInfo": self._client_info,
         }
         result = await self.peer.request("initialize", params, timeout=self._timeouts.initialize_timeout)
         self.initialize_result = result if isinstance(result, dict) and result else {"ok": True}
@@ -198,23 +213,26 @@ class AcpConnection:
         """The legacy ``session/set_model`` (gemini), removed from the spec in June 2026."""
         return await self._call("session/set_model", {"sessionId": session_id, "modelId": model_id})
 
-    async def prompt(self, session_id: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
-        """``session/prompt`` with no bound of its own: the turn timeout bounds it."""
-        result = await self.peer.request("session/prompt", {"sessionId": session_id, "prompt": blocks}, timeout=None)
+    def start_prompt(self, session_id: str, blocks: list[dict[str, Any]]) -> Call:
+        """Send ``session/prompt``; await :meth:`prompt_result` for its answer."""
+        return self.peer.call("session/prompt", {"sessionId": session_id, "prompt": blocks})
+
+    async def prompt_result(self, call: Call) -> dict[str, Any]:
+        """The ``session/prompt`` answer, with no bound of its own: the turn timeout bounds it."""
+        result = await self.peer.wait(call, None)
         return result if isinstance(result, dict) else {}
 
-    async def cancel(self, session_id: str) -> None:
-        """Send the ``session/cancel`` notification; a dead or stuck agent is ignored."""
-        with anyio.move_on_after(_CANCEL_WRITE_BOUND), suppress(PeerError):
-            await self.peer.notify("session/cancel", {"sessionId": session_id})
+    def cancel(self, session_id: str) -> None:
+        """Send the ``session/cancel`` notification now; a dead agent is ignored."""
+        try:
+            self.peer.notify("session/cancel", {"sessionId": session_id})
+        except PeerError as exc:  # the agent is gone: nothing to cancel
+            logger.debug("session/cancel not sent: %s", exc)
 
     async def close(self, grace: float) -> int | None:
-        """Terminate the process group (SIGTERM, ``grace`` seconds, SIGKILL), then stop hosted
-        pumps; idempotent."""
-        try:
-            return await self.process.terminate(grace)
-        finally:
-            self._pumps.cancel()
+        """Terminate the process group (SIGTERM, ``grace`` seconds, SIGKILL); idempotent. The
+        pumps end with the process."""
+        return await self.process.terminate(grace)
 
     async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         result = await self.peer.request(method, params, timeout=self._timeouts.session_new_timeout)

@@ -1,13 +1,13 @@
-"""One run of an exec profile's process: the pumps, the limits, how the run ends and what the
-turn's outcome and output are.
+"""One run of an exec profile's process: how it is read, how the run ends and what the turn's
+outcome and output are.
 
-The process runs in its own process group (``compat._process``). stdout is read live as bounded
-lines and fed to a parser (``compat._profile_protocol``); stderr is always drained into a bounded
-tail; the message, when the child gets it on stdin, is written by its own task and stdin is then
-closed (field-failures #13, #14). The run ends at the first of: the leader exited (and stdout
-reached EOF, or :data:`DRAIN_AFTER_EXIT` passed: a grandchild holding stdout must not hold the
-turn, #15), a cancel, an output limit, or the profile's timeout. Then the whole group is ended
-(SIGTERM, SIGKILL after ``cancelGrace``), so nothing the profile started outlives its turn.
+The process runs in its own process group (``compat.process``). stdout is read live as bounded
+lines and fed to a parser (``compat.profile.protocol``); stderr is always drained into a bounded
+tail; the message, when the child gets it on stdin, is written and stdin is then closed
+(field-failures #13, #14). The run ends at the first of: the leader exited (what the pipes held by
+then is read; a grandchild holding stdout does not hold the turn, #15), the profile's timeout, an
+output limit, or the turn being cut off by the orchestrator (a cancel). Then the whole group is
+ended (SIGTERM, SIGKILL after ``cancelGrace``), so nothing the profile started outlives its turn.
 
 Output rules (every provider's: the turn's ``TextDelta`` texts concatenated are its ``output``):
 
@@ -31,16 +31,17 @@ from __future__ import annotations
 import logging
 import math
 import signal
-from collections.abc import Callable
 from typing import Literal
 
 import anyio
 import msgspec
 
+from bridge.rpc.codec import cut_utf8, utf8_len
 from bridge.rpc.redact import redact
-from compat._lines import LineTooLong
-from compat._process import AgentProcess, SpawnError, spawn
-from compat._profile_protocol import (
+from compat.base import TextDelta, TurnError, TurnOutcome, TurnSink
+from compat.process.child import AgentProcess, SpawnError, spawn
+from compat.process.lines import LineTooLong
+from compat.profile.protocol import (
     Body,
     ClaudeStreamParser,
     ExecLineParser,
@@ -48,16 +49,12 @@ from compat._profile_protocol import (
     Partial,
     ProfileFailed,
     SessionReport,
-    cut_utf8,
 )
-from compat.base import TextDelta, TurnError, TurnOutcome, TurnSink
 from compat.settings import Limits
 
 logger = logging.getLogger(__name__)
 
-DRAIN_AFTER_EXIT = 0.5  # seconds stdout may stay open after the leader exited (grandchildren)
-_PIPES_BOUND = 2.0  # seconds to wait for our readers once the group is ended
-End = Literal["exit", "timeout", "cancel", "limit", "line"]
+End = Literal["exit", "timeout", "limit", "line"]
 
 
 class Launch(msgspec.Struct, frozen=True):
@@ -75,7 +72,14 @@ class Launch(msgspec.Struct, frozen=True):
 
 
 class ProfileRun:
-    """One process run for one turn; ``request_stop`` may be called from any task."""
+    """One process run for one turn.
+
+    Args:
+        sink: the turn's sink.
+        limits: ``maxOutputBytes``, ``maxAgentLineBytes``, ``stderrTailBytes``, …
+        grace: seconds between SIGTERM and SIGKILL when the run ends (``cancelGrace``).
+        session_id: the upstream session reported by the previous turn, if any.
+    """
 
     def __init__(self, sink: TurnSink, limits: Limits, grace: float, session_id: str | None = None) -> None:
         self.sink = sink
@@ -83,29 +87,15 @@ class ProfileRun:
         self.process: AgentProcess | None = None
         self._limits = limits
         self._grace = grace
-        self._ended = anyio.Event()
+        self._launch: Launch | None = None
         self._end: End | None = None
-        self._stdout_done = anyio.Event()
+        self._stop: anyio.CancelScope | None = None  # the reading, cut short by a limit
         self._streamed: list[str] = []
         self._emitted_bytes = 0
         self._body: list[str] = []
         self._body_bytes = 0
         self._final: str | None = None
         self._failure: str | None = None
-        self.on_stop: Callable[[], None] | None = None  # e.g. ends the wait for a slot
-        self._parser: ExecLineParser | ClaudeStreamParser | None = None
-
-    @property
-    def stopped(self) -> bool:
-        return self._ended.is_set()
-
-    def request_stop(self, why: Literal["cancel", "limit", "line"] = "cancel") -> None:
-        self._finish(why)
-        if self.on_stop is not None:
-            self.on_stop()
-
-    def cancelled(self) -> TurnOutcome:
-        return self._with_session(TurnOutcome("cancelled", stop_reason="cancelled"))
 
     def failed(self, error: TurnError, *, send_error_reply: bool) -> TurnOutcome:
         """End the turn ``failed``; with ``send_error_reply`` the error text is the last delta."""
@@ -118,13 +108,12 @@ class ProfileRun:
             self._emit(("" if not streamed or streamed.endswith("\n") else "\n") + reply)
         return self._with_session(TurnOutcome("failed", error=error))
 
-    # ---- the run ----------------------------------------------------------------------------
+    # ---- the run ----------------------------------------------------------------------------------
 
     async def run(self, launch: Launch) -> TurnOutcome:
-        """Start the process, read it to its end, end its group; never raises for its failures."""
-        if self.stopped:
-            return self.cancelled()
-        self._parser = launch.parser
+        """Start the process, read it to its end, end its group; never raises for its failures
+        (a cut-off turn's cancellation propagates, after the group is ended)."""
+        self._launch = launch
         try:
             with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
                 self.process = await spawn(
@@ -140,58 +129,48 @@ class ProfileRun:
             error = TurnError("PROFILE_ERROR", redact(str(exc)), data)
             return self.failed(error, send_error_reply=launch.send_error_reply)
         try:
-            await self._supervise(self.process, launch)
+            with anyio.move_on_after(launch.timeout):
+                await self._read(self.process, launch)
+            if self._end is None:
+                self._end = "timeout"
         finally:
             await self.process.terminate(self._grace)
-        return await self._outcome(self.process, launch)
-
-    async def _supervise(self, proc: AgentProcess, launch: Launch) -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(proc.pump_stderr)
-            tg.start_soon(self._read, proc, launch)
-            tg.start_soon(self._watch_exit, proc)
-            if launch.stdin is not None:
-                tg.start_soon(_feed, proc, launch.stdin)
-            with anyio.move_on_after(launch.timeout):
-                await self._ended.wait()
-            self._finish("timeout")
-            await proc.terminate(self._grace)  # closes our pipe ends: the readers finish
-            with anyio.move_on_after(_PIPES_BOUND):
-                await self._stdout_done.wait()
-            await proc.wait_stderr_eof(_PIPES_BOUND)
-            tg.cancel_scope.cancel()
+        return self._outcome(self.process, launch)
 
     async def _read(self, proc: AgentProcess, launch: Launch) -> None:
+        if launch.stdin is not None:
+            proc.write(launch.stdin)
+            proc.close_stdin()  # once written: a child reading to EOF goes on (#14)
+        self.sink.begin()
         try:
-            while not self.stopped or self._end == "exit":
-                line = await proc.receive_line()
-                for event in launch.parser.feed(line):
-                    self._apply(event, launch)
-        except anyio.EndOfStream:
-            pass
+            with anyio.CancelScope() as self._stop:
+                await proc.run(self._on_line)
         except LineTooLong:
             self._finish("line")
         finally:
             for event in launch.parser.finish():
                 self._apply(event, launch)
-            self._stdout_done.set()
+        if self._end is None:
+            if proc.returncode is None:  # stdout closed, the leader still runs: wait for its exit
+                await proc.wait(math.inf)
+            self._finish("exit")
 
-    async def _watch_exit(self, proc: AgentProcess) -> None:
-        await proc.wait(math.inf)
-        with anyio.move_on_after(DRAIN_AFTER_EXIT):
-            await self._stdout_done.wait()
-        self._finish("exit")
+    def _on_line(self, line: bytes) -> None:
+        assert self._launch is not None
+        for event in self._launch.parser.feed(line):
+            self._apply(event, self._launch)
 
     def _finish(self, why: End) -> None:
         if self._end is None:
             self._end = why
-            self._ended.set()
+        if why in ("limit", "line") and self._stop is not None:
+            self._stop.cancel()
 
     # ---- events -----------------------------------------------------------------------------
 
     def _apply(self, event: ParsedEvent, launch: Launch) -> None:
         if isinstance(event, Partial):
-            if launch.streaming and self._end in (None, "exit"):
+            if launch.streaming and self._end is None:
                 self._streamed.append(self._emit(event.text))
         elif isinstance(event, Body):
             self._add_body(event)
@@ -200,16 +179,16 @@ class ProfileRun:
         elif isinstance(event, ProfileFailed):
             if self._failure is None:
                 self._failure = event.message
-        elif self._end in (None, "exit"):
+        elif self._end is None:
             self.sink.emit(event)
 
     def _emit(self, text: str) -> str:
         """Send ``text`` as a delta within ``maxOutputBytes``; past it the run ends ``limit``."""
         room = self._limits.max_output_bytes - self._emitted_bytes
-        size = len(text.encode("utf-8"))
+        size = utf8_len(text)
         if size > room:
             text = cut_utf8(text, room)
-            size = len(text.encode("utf-8"))
+            size = utf8_len(text)
             self._finish("limit")
         if text:
             self._emitted_bytes += size
@@ -221,7 +200,7 @@ class ProfileRun:
             self._final = event.text
             return
         room = self._limits.max_output_bytes - self._body_bytes
-        size = len(event.text.encode("utf-8")) + (1 if self._body else 0)
+        size = utf8_len(event.text) + (1 if self._body else 0)
         if size > room:
             self._body.append(cut_utf8(event.text, room - (1 if self._body else 0)))
             self._body_bytes = self._limits.max_output_bytes
@@ -232,10 +211,8 @@ class ProfileRun:
 
     # ---- the outcome --------------------------------------------------------------------------
 
-    async def _outcome(self, proc: AgentProcess, launch: Launch) -> TurnOutcome:
+    def _outcome(self, proc: AgentProcess, launch: Launch) -> TurnOutcome:
         end = self._end
-        if end == "cancel":
-            return self.cancelled()
         if end == "timeout":
             message = f"the profile ran longer than {launch.timeout:g} s"
             error = TurnError("PROFILE_TIMEOUT", message, {"timeoutSecs": launch.timeout})
@@ -276,7 +253,7 @@ class ProfileRun:
         return TurnError("PROFILE_EXIT", message, data)
 
     def _with_session(self, outcome: TurnOutcome) -> TurnOutcome:
-        parser = self._parser
+        parser = self._launch.parser if self._launch is not None else None
         if isinstance(parser, ClaudeStreamParser):
             outcome = msgspec.structs.replace(outcome, usage=parser.usage, resolved_model=parser.model)
         return msgspec.structs.replace(outcome, upstream_session_id=self.session_id)
@@ -299,16 +276,6 @@ def reply_rest(streamed: str, body: str, final: str | None = None) -> str:
     if streamed.startswith(body) or streamed.rstrip() == body.rstrip():
         return ""
     return ("" if streamed.endswith("\n") else "\n") + body
-
-
-async def _feed(proc: AgentProcess, data: bytes) -> None:
-    """Write the message to stdin, then close it so a child reading to EOF goes on (#14)."""
-    try:
-        await proc.send(data)
-    except anyio.BrokenResourceError:
-        logger.debug("pid %d closed stdin before reading the whole message", proc.pid)
-    # AgentProcess has no public "close stdin" yet; its own helper is bounded and quiet.
-    await proc._close_stdin()
 
 
 def _signal_name(number: int) -> str:

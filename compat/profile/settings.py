@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from compat.presets import _version_key, agents_dir, find_command
+from compat.process.commands import agents_dir, find_command, version_key
 from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsError, convert
 
 TSX_VERSION = "4.23.15"  # keep in step with scripts/install-profile-tools.sh
@@ -237,7 +237,7 @@ def find_tsx() -> str | None:
     then ``tsx`` on PATH. Never fetched (no ``npx``)."""
     root = tools_dir()
     pinned = root / f"tsx-{TSX_VERSION}" / "node_modules" / ".bin" / "tsx"
-    others = sorted(root.glob("tsx-*/node_modules/.bin/tsx"), key=lambda p: _version_key(p.parts[-4]), reverse=True)
+    others = sorted(root.glob("tsx-*/node_modules/.bin/tsx"), key=lambda p: version_key(p.parts[-4]), reverse=True)
     for path in (pinned, *others):
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
@@ -249,7 +249,7 @@ def find_claude_cli() -> str | None:
     ``make agents`` cache, newest version first."""
     root = agents_dir()
     found = root.glob(f"claude-agent-acp-*/{CLAUDE_CLI}")
-    newest = sorted(found, key=lambda p: _version_key(p.relative_to(root).parts[0]), reverse=True)
+    newest = sorted(found, key=lambda p: version_key(p.relative_to(root).parts[0]), reverse=True)
     return str(newest[0]) if newest else None
 
 

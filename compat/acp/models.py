@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from bridge.rpc.redact import redact
-from compat._acp_connection import AcpConnection
+from compat.acp.connection import AcpConnection
 from compat.base import StatusEvent, TurnEvent
-from compat.jsonrpc_peer import ResponseError
+from compat.peer import ResponseError
 
 ModelApi = Literal["config", "models", "flag"]
 
@@ -52,7 +52,7 @@ class ModelState:
         conn: AcpConnection,
         session_id: str,
         model: str | None,
-        emit: Callable[[list[TurnEvent]], None],
+        emit: Callable[[TurnEvent], None],
     ) -> str | None:
         """Apply ``model`` to the session if it is not already.
 
@@ -72,10 +72,10 @@ class ModelState:
                 if self._result["models"].get("currentModelId") != model:
                     await conn.set_model(session_id, model)
             elif conn.launch_model != model:
-                emit([_not_applied("agent has no model selection", {"model": model})])
+                emit(_not_applied("agent has no model selection", {"model": model}))
                 return None
         except ResponseError as exc:
-            emit([_not_applied(redact(exc.message), {"model": model, "code": exc.code})])
+            emit(_not_applied(redact(exc.message), {"model": model, "code": exc.code}))
             return None
         self._applied = model
         return model

@@ -1,4 +1,4 @@
-"""One ACP turn's state, and how peer errors become the turn's ``TurnError``.
+"""How the peer's errors become an ACP turn's ``TurnError``.
 
 Error codes come from the one table in docs/api.md: ``AGENT_EXITED``, ``AGENT_PROTOCOL_ERROR``,
 ``AGENT_START_TIMEOUT``, ``AGENT_AUTH_REQUIRED``, ``AGENT_ERROR``. Every message and piece of
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
-import msgspec
-
 from bridge.rpc.redact import redact
-from compat._acp_connection import AUTH_REQUIRED, AcpConnection
-from compat._acp_mapping import UpdateMapper, redact_data
-from compat.base import TurnError, TurnEvent, TurnOutcome, TurnRequest, TurnSink
-from compat.jsonrpc_peer import PeerClosed, PeerError, PeerProtocolError, RequestTimeout, ResponseError
+from compat.acp.connection import AUTH_REQUIRED, AcpConnection
+from compat.acp.mapping import redact_data
+from compat.base import TurnError
+from compat.peer import PeerClosed, PeerError, PeerProtocolError, RequestTimeout, ResponseError
 
 AUTH_HINT = (
     "agents get only an allow-listed environment: put the agent's API key under providers.<id>.env "
@@ -33,40 +30,6 @@ class TurnFailure(Exception):
         super().__init__(message)
         self.error = TurnError(code, message, data)
         self.kill = kill
-
-
-class TurnState(msgspec.Struct, eq=False):
-    """What one running turn shares between its body, its supervisor and the agent's callbacks."""
-
-    request: TurnRequest
-    sink: TurnSink
-    mapper: UpdateMapper
-    attention: anyio.Event = msgspec.field(default_factory=anyio.Event)  # body done or cancel asked
-    body_done: anyio.Event = msgspec.field(default_factory=anyio.Event)
-    permission_scopes: set[anyio.CancelScope] = msgspec.field(default_factory=set)
-    outcome: TurnOutcome | None = None
-    stop_reason: str | None = None
-    resolved_model: str | None = None
-    context_reset: bool = False
-    cancel_requested: bool = False
-    kill_now: bool = False
-    prompt_sent: bool = False
-    replaying: bool = False
-
-    def request_cancel(self, *, kill_now: bool = False) -> None:
-        # Pending permissions are answered after session/cancel is sent (the ACP order); a
-        # permission asked from now on is answered cancelled at once.
-        self.cancel_requested = True
-        self.kill_now = self.kill_now or kill_now
-        self.attention.set()
-
-    def cancel_permissions(self) -> None:
-        for scope in self.permission_scopes:
-            scope.cancel()
-
-    def emit(self, events: list[TurnEvent]) -> None:
-        for event in events:
-            self.sink.emit(event)
 
 
 def turn_failure(exc: PeerError, phase: str, conn: AcpConnection | None, tail_bytes: int) -> TurnFailure:

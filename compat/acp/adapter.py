@@ -1,12 +1,12 @@
 """ACP coding agents (codex-acp, gemini --acp, opencode acp, hermes acp, claude-agent-acp) as
-providers: :class:`AcpAdapter` implements ``ProviderAdapter``, :class:`AcpSession` implements
-``ProviderSession``.
+providers: :class:`AcpAdapter` implements ``ProviderAdapter``; its sessions are
+:class:`~compat.acp.session.AcpSession`.
 
 One agent process per bridge session, spawned on the first turn and kept across turns together
-with its ACP session. The adapter ends idle processes after ``idleTimeout`` when it runs as a
-service (``async with adapter`` or ``await tg.start(adapter.run)``); otherwise an expired idle
-process is replaced at the start of the next turn. Protocol details: acp-and-real-agents.md
-§0-§4; failure handling: field-failures.md #2, #9, #10, #13, #14, #15, #17.
+with its ACP session. The adapter runs as a service (``async with adapter`` or
+``await tg.start(adapter.run)``): its task group hosts every agent's pumps for the agent's life and
+ends idle agents after ``idleTimeout``. Protocol details: acp-and-real-agents.md §0-§4; failure
+handling: field-failures.md #2, #9, #10, #13, #14, #15, #17.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -22,22 +22,14 @@ import anyio
 import anyio.abc
 
 from bridge.rpc.redact import redact, register_env_secrets
-from compat._acp_connection import AcpConnection
-from compat._acp_mapping import IGNORED_UPDATE_KINDS, UNMAPPED_UPDATE_KINDS
-from compat._acp_session import KILL_GRACE, AcpSession
-from compat._process import SpawnError, child_env, cut_tail
+from compat.acp.connection import KILL_GRACE, AcpConnection
+from compat.acp.session import AcpSession
 from compat.base import ProbeResult, ProviderInfo
-from compat.jsonrpc_peer import (
-    NotificationHandler,
-    PeerClosed,
-    PeerError,
-    RequestHandler,
-    RequestTimeout,
-)
-from compat.presets import find_command
+from compat.peer import NotificationHandler, PeerClosed, PeerError, RequestHandler, RequestTimeout
+from compat.process.child import SpawnError
+from compat.process.commands import find_command
+from compat.process.env import child_env, cut_tail
 from compat.settings import Limits, ProviderConfig, Timeouts
-
-__all__ = ["IGNORED_UPDATE_KINDS", "UNMAPPED_UPDATE_KINDS", "AcpAdapter", "AcpSession"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,22 +39,35 @@ _REASON_TAIL_BYTES = 500  # stderr in a probe's reason (``unavailableReason``)
 class AcpAdapter:
     """Implements ``ProviderAdapter`` for one configured ACP agent.
 
-    Matches ``AdapterFactory``: ``AcpAdapter(provider_id, config, limits, timeouts)``.
+    Args:
+        provider_id: the ``providers.<id>`` key.
+        config: the provider's entry.
+        limits / timeouts: the named settings of docs/api.md.
+        client_version: the bridge's version, sent in ``initialize``'s ``clientInfo``.
     """
 
-    def __init__(self, provider_id: str, config: ProviderConfig, limits: Limits, timeouts: Timeouts) -> None:
+    def __init__(
+        self,
+        provider_id: str,
+        config: ProviderConfig,
+        limits: Limits,
+        timeouts: Timeouts,
+        *,
+        client_version: str = "",
+    ) -> None:
         label = config.label or provider_id
         self.info = ProviderInfo(provider_id=provider_id, label=label, category="acp")
         self.config = config
         self.limits = limits
         self.timeouts = timeouts
+        self._client_version = client_version
         self._sessions: set[AcpSession] = set()
         self._probes: set[AcpConnection] = set()
         self._host: anyio.abc.TaskGroup | None = None
         self._own_tg: anyio.abc.TaskGroup | None = None
         register_env_secrets(config.env)
 
-    # ---- ProviderAdapter ----------------------------------------------------------------------
+    # ---- ProviderAdapter --------------------------------------------------------------------------
 
     def probe_cheap(self) -> ProbeResult:
         """``ok`` when the command resolves to an executable (PATH, then the agents cache)."""
@@ -86,6 +91,9 @@ class AcpAdapter:
             tg.cancel_scope.cancel()
         return result
 
+    async def preflight(self, params: dict[str, Any]) -> None:
+        """ACP turns take no provider-family params: nothing to refuse."""
+
     def open_session(self, session_id: str) -> AcpSession:
         """A new provider session; its agent process starts on its first turn."""
         session = AcpSession(self, session_id)
@@ -101,10 +109,10 @@ class AcpAdapter:
                 for conn in list(self._probes):
                     tg.start_soon(conn.close, KILL_GRACE)
 
-    # ---- service lifetime (idle reaping) ------------------------------------------------------
+    # ---- service lifetime -------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Host idle reapers until cancelled, then end every process."""
+        """Host the agents' pumps and idle reapers until cancelled, then end every process."""
         try:
             async with anyio.create_task_group() as tg:
                 self._host = tg
@@ -127,7 +135,7 @@ class AcpAdapter:
         self._own_tg.cancel_scope.cancel()
         await self._own_tg.__aexit__(None, None, None)  # the body's exception propagates as is
 
-    # ---- used by AcpSession -----------------------------------------------------------------
+    # ---- used by AcpSession -----------------------------------------------------------------------
 
     async def start_connection(
         self,
@@ -136,17 +144,46 @@ class AcpAdapter:
         on_update: NotificationHandler | None = None,
         on_permission: RequestHandler | None = None,
     ) -> AcpConnection:
-        """Spawn the configured agent (with ``modelFlag launch_model`` when given).
+        """Spawn the configured agent (with ``modelFlag launch_model`` when given) and host its
+        pumps in the adapter's task group.
 
         Raises:
             SpawnError: The command is not found or cannot be started.
+            RuntimeError: The adapter is not running as a service.
         """
+        if self._host is None:
+            raise RuntimeError("the ACP adapter is not running: use it with `async with` or start its run()")
+        argv = self._argv()
+        if launch_model and self.config.model_flag:
+            argv += [self.config.model_flag, launch_model]
+        conn = await self._spawn(argv, cwd, launch_model, on_update, on_permission)
+        await self._host.start(conn.run)
+        return conn
+
+    def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None:
+        """Start the session's idle reaper (ends its agent after ``idleTimeout``)."""
+        if self._host is not None:
+            self._host.start_soon(session.reap_when_idle, wake)
+
+    def forget(self, session: AcpSession) -> None:
+        self._sessions.discard(session)
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _argv(self) -> list[str]:
         command = find_command(self.config.command)
         if command is None:
             raise SpawnError(self.config.command or "", "command not found")
-        argv = [command, *(self.config.args or [])]
-        if launch_model and self.config.model_flag:
-            argv += [self.config.model_flag, launch_model]
+        return [command, *(self.config.args or [])]
+
+    async def _spawn(
+        self,
+        argv: list[str],
+        cwd: str | None,
+        launch_model: str | None,
+        on_update: NotificationHandler | None = None,
+        on_permission: RequestHandler | None = None,
+    ) -> AcpConnection:
         return await AcpConnection.start(
             argv,
             cwd=cwd,
@@ -154,30 +191,18 @@ class AcpAdapter:
             limits=self.limits,
             timeouts=self.timeouts,
             launch_model=launch_model,
+            client_version=self._client_version,
             on_update=on_update,
             on_permission=on_permission,
         )
 
-    def host_connection(self, conn: AcpConnection) -> None:
-        """Run ``conn``'s pumps for its whole life when the adapter runs as a service."""
-        if self._host is not None:
-            conn.host(self._host)
-
-    def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None:
-        """Start the session's idle reaper when the adapter runs as a service."""
-        if self._host is not None:
-            self._host.start_soon(session.reap_when_idle, wake)
-
-    def forget(self, session: AcpSession) -> None:
-        self._sessions.discard(session)
-
     async def _probe(self, tg: anyio.abc.TaskGroup) -> ProbeResult:
         conn: AcpConnection | None = None
         try:
-            with anyio.CancelScope(shield=True):
-                conn = await self.start_connection(self.config.cwd or os.getcwd(), None)
+            with anyio.CancelScope(shield=True):  # a cancelled probe must not lose the process
+                conn = await self._spawn(self._argv(), self.config.cwd or os.getcwd(), None)
                 self._probes.add(conn)
-            await conn.attach(tg)
+            await tg.start(conn.run)
             info = await conn.initialize()
         except SpawnError as exc:
             return ProbeResult("error", redact(str(exc)))
@@ -185,8 +210,7 @@ class AcpAdapter:
             return ProbeResult("error", f"initialize timed out after {exc.timeout} s")
         except PeerClosed as exc:
             tail = cut_tail(exc.stderr_tail, _REASON_TAIL_BYTES)  # redacted, on a line boundary
-            detail = f"agent exited with code {exc.exit_code}: {tail}"
-            return ProbeResult("error", detail)
+            return ProbeResult("error", f"agent exited with code {exc.exit_code}: {tail}")
         except PeerError as exc:
             return ProbeResult("error", redact(str(exc)))
         finally:

@@ -5,8 +5,8 @@ built-in ``claude-code`` profile, Claude Code's ``--output-format stream-json`` 
 Sources: the iLink Hub Bridge profile spec and the ``agentproc`` 0.4.2 SDK
 (exec-profiles-and-hermes.md §1.2, §2); Claude Code print mode (openclaw-and-claude.md §2).
 Parsers are plain objects with no I/O: bytes in, events out. Text is made safe for the wire here
-(invalid UTF-8 and lone surrogates become U+FFFD; a surrogate pair split over two partials is
-joined), because orjson refuses lone surrogates.
+(invalid UTF-8 and lone surrogates become U+FFFD, with the codec's one function; a surrogate pair
+split over two partials is joined first), because strict clients refuse lone surrogates.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from bridge.rpc.codec import cut_utf8, scrub
 from compat.base import ThoughtDelta, ToolCallEvent, TurnEvent, TurnRequest, UsageEvent
 
 logger = logging.getLogger(__name__)
@@ -73,20 +74,8 @@ ParsedEvent = Partial | Body | SessionReport | ProfileFailed | TurnEvent
 
 
 def wire_safe(text: str) -> str:
-    """Join surrogate pairs and replace lone surrogates with U+FFFD."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def cut_utf8(text: str, max_bytes: int) -> str:
-    """The longest prefix of ``text`` whose UTF-8 encoding fits in ``max_bytes``."""
-    encoded = text.encode("utf-8", "surrogatepass")
-    if len(encoded) <= max_bytes:
-        return text
-    return encoded[: max(0, max_bytes)].decode("utf-8", "ignore")
+    """Join surrogate pairs and replace lone surrogates with U+FFFD (``bridge.rpc.codec.scrub``)."""
+    return scrub(text)
 
 
 class PartialJoiner:
@@ -323,7 +312,6 @@ __all__ = [
     "Partial",
     "ProfileFailed",
     "SessionReport",
-    "cut_utf8",
     "fill_placeholders",
     "message_for_env",
     "protocol_env",

@@ -1,0 +1,230 @@
+"""The result of every method, as typed models: one schema per result (docs/api.md "Methods"; the
+docs test validates the document's examples with these, and ``bridge.methods`` names each method's
+result model).
+
+msgspec structs, not pydantic models: they are built on every call, and they import in a
+millisecond (bench case 6). Python names are snake_case, wire names camelCase; a field set to
+``UNSET`` is left out of the wire object.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``compat``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+
+class Result(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Base of the result models."""
+
+
+# ---- acp.capabilities ------------------------------------------------------------------------------
+
+
+class ProviderEntry(Result, frozen=True):
+    provider_id: str
+    label: str
+    targets: list[str]
+    category: str
+    enabled: bool
+    unavailable_reason: str | UnsetType = UNSET
+    provider_display: dict[str, Any] | UnsetType = UNSET
+
+
+class ProbeEntry(Result, frozen=True):
+    provider_id: str
+    available: bool
+    status: str
+
+
+class NestedCapabilities(Result, frozen=True):
+    """The catalog again, as older app builds read it (two snake_case keys)."""
+
+    single_agent: bool = msgspec.field(name="single_agent")
+    multi_agent: bool = msgspec.field(name="multi_agent")
+    provider_catalog: list[ProviderEntry]
+    gateway_providers: list[ProviderEntry]
+    available_execution_targets: list[str]
+
+
+class BridgeInfo(Result, frozen=True):
+    name: str
+    version: str
+    contract_version: str
+
+
+class CapabilitiesResult(Result, frozen=True):
+    single_agent: bool
+    multi_agent: bool
+    available_execution_targets: list[str]
+    provider_catalog: list[ProviderEntry]
+    gateway_providers: list[ProviderEntry]
+    provider_probe_summary: list[ProbeEntry]
+    capabilities: NestedCapabilities
+    bridge: BridgeInfo
+    methods: list[str]
+    limits: dict[str, float | int]
+
+
+# ---- xworkmate.routing.resolve -------------------------------------------------------------------
+
+
+class ResolveResult(Result, frozen=True):
+    """The twelve routing fields."""
+
+    resolved_execution_target: str
+    resolved_provider_id: str
+    resolved_gateway_provider_id: str
+    resolved_model: str
+    resolved_skills: list[str]
+    status: str
+    unavailable: bool
+    unavailable_code: str
+    unavailable_message: str
+    skill_resolution_source: str
+    needs_skill_install: bool
+    skill_install_request_id: str
+
+
+# ---- session.start / session.message ---------------------------------------------------------------
+
+
+class TurnErrorInfo(Result, frozen=True):
+    code: str
+    message: str
+    provider_id: str
+    data: dict[str, Any] | UnsetType = UNSET
+
+
+class TurnResult(Result, frozen=True):
+    """A turn that ran (or was cancelled before it started: then ``turnId`` is null)."""
+
+    success: bool
+    status: str
+    turn_id: str | None
+    session_id: str
+    thread_id: str
+    resolved_execution_target: str
+    resolved_provider_id: str
+    resolved_gateway_provider_id: str
+    resolved_model: str
+    resolved_skills: list[str]
+    output: str
+    summary: str
+    stop_reason: str
+    usage: dict[str, Any] = {}
+    upstream_session_id: str | None = None
+    context_reset: bool = False
+    error: TurnErrorInfo | UnsetType = UNSET
+    artifacts: list[dict[str, Any]] | UnsetType = UNSET
+
+
+class UnavailableTurnResult(Result, frozen=True):
+    """No provider could take the turn: the routing fields, no ``turnId``, no updates were sent."""
+
+    success: bool
+    status: str
+    session_id: str
+    thread_id: str
+    resolved_execution_target: str
+    resolved_provider_id: str
+    resolved_gateway_provider_id: str
+    resolved_model: str
+    resolved_skills: list[str]
+    unavailable: bool
+    unavailable_code: str
+    unavailable_message: str
+    skill_resolution_source: str
+    needs_skill_install: bool
+    skill_install_request_id: str
+
+
+class SessionUpdate(Result, frozen=True, forbid_unknown_fields=False):
+    """The params of a ``session.update`` notification: the fields every update carries (each
+    ``type`` adds its own, docs/api.md "Update stream"). Updates are built as dicts on the
+    streaming path; this model is their schema, for the docs and the tests."""
+
+    session_id: str
+    thread_id: str
+    turn_id: str | None
+    seq: int
+    type: str
+    event: str
+    pending: bool
+    error: bool
+    structured_event: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.seq < 1:
+            raise ValueError("seq starts at 1")
+
+
+# ---- the small ones --------------------------------------------------------------------------------
+
+
+class CancelResult(Result, frozen=True):
+    accepted: bool
+    cancelled: bool
+
+
+class CloseResult(Result, frozen=True):
+    accepted: bool
+    closed: bool
+
+
+class AcceptedResult(Result, frozen=True):
+    """``session.permission``, ``xworkmate.gateway.disconnect``."""
+
+    accepted: bool
+
+
+class GatewayError(Result, frozen=True):
+    code: str
+    message: str
+
+
+class GatewaySnapshot(Result, frozen=True):
+    status: str
+    mode: str
+    status_text: str
+
+
+class GatewayConnectResult(Result, frozen=True):
+    ok: bool
+    snapshot: GatewaySnapshot
+    error: GatewayError | None = None
+
+
+class GatewayRequestResult(Result, frozen=True):
+    ok: bool
+    payload: Any = None
+    error: GatewayError | None = None
+
+
+class KnowledgeSourcesResult(Result, frozen=True):
+    """``knowledge.sources``: each source's id, label, protocol, readiness and capabilities (no
+    URLs, credentials or absolute roots)."""
+
+    sources: list[dict[str, Any]]
+    total_source_count: int
+    ready_source_count: int
+    enabled_source_count: int
+    probed: bool
+
+
+class KnowledgeReadResult(Result, frozen=True):
+    """``knowledge.read``: one node of a source's tree and its ``children`` (progressive
+    disclosure)."""
+
+    source_id: str
+    path: str
+    kind: str  # "page" | "folder"
+    title: str
+    summary: str
+    front_matter: dict[str, Any]
+    content: str
+    children: list[dict[str, Any]]
+    truncated: bool
