@@ -2,7 +2,8 @@
 baseline (in the round's order) and returns records: ``{case, server, round, metric: value}``.
 
 Case numbers follow the issue: 1 WebSocket request/response, 2 HTTP keep-alive, 3 streaming turn
-(WS and SSE), 4 paced concurrent sessions, 5 memory, 6 cold start, 7 knowledge turns.
+(WS and SSE), 4 paced concurrent sessions, 5 memory, 6 cold start, 7 knowledge turns, 8 what a
+user waits for (a turn's first delta and result, cold and warm, against a direct ACP client).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bench.servers import Server, run_client
 
 MiB = 1024 * 1024
 CHUNK_BYTES = 64  # text bytes per agent_message_chunk
+WAIT_PROMPT = f"chunks=3 bytes={CHUNK_BYTES}"  # case 8: a short answer of a few deltas
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,11 @@ class Plan:
     idle_sessions: int = 1000
     wiki_pages: int = 2000
     knowledge_turns: int = 30
+    wait_cold: int = 30  # case 8: measured pairs of turns on new sessions, per round
+    wait_warm: int = 100  # and of follow-up turns on one session
+    wait_warmup: int = 3  # unmeasured pairs before each
     client_timeout: float = 120.0
-    cases: str = "1234567"  # the case numbers to run (``--cases``)
+    cases: str = "12345678"  # the case numbers to run (``--cases``)
 
     @classmethod
     def quick(cls) -> Plan:
@@ -59,6 +64,9 @@ class Plan:
             idle_sessions=50,
             wiki_pages=100,
             knowledge_turns=5,
+            wait_cold=8,
+            wait_warm=20,
+            wait_warmup=2,
             client_timeout=60.0,
         )
 
@@ -239,3 +247,43 @@ async def _stdio_first_answer(config: Path) -> float:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+async def wait_round(ctx: Context, config: Path, order: list[str], round_: int) -> None:
+    """Case 8: ``session.start`` to the first delta and to the result through a fresh bridge, cold
+    and warm, each turn paired with one of a direct ACP client on the same agent (the baseline;
+    it needs no server). The client alternates the pairs' order, starting from the round's."""
+    p = ctx.plan
+    server = await servers.start_bridge(ctx.workdir, config)
+    try:
+        await asyncio.sleep(servers.PROBE_SETTLE)
+        spec = {
+            "cold": p.wait_cold,
+            "warm": p.wait_warm,
+            "warmup": p.wait_warmup,
+            "prompt": WAIT_PROMPT,
+            "agent": servers.FAST_AGENT_ARGV,
+            "cwd": str(ctx.workdir),  # the bridge's first workspace root, where its agents run
+            "first": "bridge" if order[0] == "bridge" else "direct",
+        }
+        async with ctx.profiled("8 wait", server):
+            result = await run_client("wait", server, spec, timeout=p.client_timeout)
+    finally:
+        await servers.stop(server)
+    for variant, expected in (("cold", p.wait_cold), ("warm", p.wait_warm)):
+        for side, kind in (("bridge", "bridge"), ("direct", "baseline")):
+            ctx.add(f"8 wait {variant}", kind, round_, **_wait_metrics(result, variant, side, expected))
+
+
+def _wait_metrics(result: dict[str, Any], variant: str, side: str, expected: int) -> dict[str, Any]:
+    if "error" in result:
+        return {"error": result["error"]}
+    mine = result[variant][side]
+    if mine["statuses"] != {"completed": expected}:
+        return {"error": f"{side} turns: {mine['statuses']}"}
+    return {
+        "first_p50_ms": mine["first_ms"]["p50"],
+        "first_p99_ms": mine["first_ms"]["p99"],
+        "result_p50_ms": mine["result_ms"]["p50"],
+        "result_p99_ms": mine["result_ms"]["p99"],
+    }

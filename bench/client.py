@@ -12,6 +12,8 @@ closes", and the last line is ``RESULT {json}``. Modes:
     idle-ws    opens ``conns`` connections and holds them
     turns      ``count`` session.start requests with ``params`` over ``conns`` connections; parses
                each reply (one per turn) for its status and the sources' ``latencyMs``
+    wait       case 8: turns through the bridge paired with turns of a direct ACP client
+               (``bench.direct_acp``) on the same agent, cold then warm; first delta and result
 
 The clients parse no notification: they count frames, look for the reply by its prefix, and in
 ``paced`` find the stamp by a byte search.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from bench.direct_acp import DirectAgent, Exchange, stop_reason
 from bench.wire import HttpClient, WsClient, http_request, upgrade_request, ws_frame
 
 HOST = "127.0.0.1"
@@ -35,6 +39,7 @@ REPLY_PREFIX = b'{"jsonrpc":"2.0","id"'
 STAMP = b"@@TS"
 DONE_EVENT = b'"event":"completed"'
 CAPABILITIES = b'{"jsonrpc":"2.0","id":1,"method":"acp.capabilities","params":{}}'
+BRIDGE_DELTA = b'"type":"delta"'  # in the params of the bridge's session.update deltas
 PROBE_PERIOD = 0.02  # seconds between two latency probes in ``paced``
 
 
@@ -52,11 +57,16 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float |
     return {"p50": pick(0.5) * scale, "p99": pick(0.99) * scale, "max": ordered[-1] * scale}
 
 
+def turn_params(session_id: str, prompt: str, provider: str = "fast", **extra: Any) -> dict[str, Any]:
+    """``session.start`` / ``session.message`` params routed explicitly to ``provider``."""
+    routing = {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": provider}
+    return {"sessionId": session_id, "taskPrompt": prompt, "routing": routing, **extra}
+
+
 def turn_request(
     request_id: int, method: str, session_id: str, prompt: str, provider: str = "fast", **extra: Any
 ) -> bytes:
-    routing = {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": provider}
-    params = {"sessionId": session_id, "taskPrompt": prompt, "routing": routing, **extra}
+    params = turn_params(session_id, prompt, provider, **extra)
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
 
 
@@ -342,6 +352,155 @@ async def turns(
     return window.result(statuses=statuses, added_ms=percentiles(added))
 
 
+class BridgeConnection:
+    """One WebSocket connection to the bridge running one request at a time, ids counting up."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._exchange: Exchange | None = None
+        self._conn: WsClient | None = None
+
+    async def connect(self, port: int) -> None:
+        self._conn = await ws_connect(port, self._on_frame)
+
+    def _on_frame(self, conn: WsClient, buf: bytearray, start: int, end: int) -> None:
+        if self._exchange is not None:
+            self._exchange.received(buf, start, end)
+
+    async def request(self, method: str, params: dict[str, Any]) -> Exchange:
+        """Send one request and wait for its response (timed from just before the send)."""
+        assert self._conn is not None
+        frame = ws_frame(orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}))
+        exchange = Exchange(time.perf_counter(), BRIDGE_DELTA)
+        self._exchange = exchange
+        self._conn.send(frame)
+        await asyncio.wait([exchange.reply, self._conn.closed], return_when=asyncio.FIRST_COMPLETED)
+        self._exchange = None
+        if not exchange.reply.done():
+            raise ConnectionError(f"the bridge closed the connection during {method}")
+        return exchange
+
+    async def turn(self, method: str, session_id: str, prompt: str) -> Exchange:
+        """One turn on the ``fast`` provider; the exchange's ``first`` is its first delta."""
+        return await self.request(method, turn_params(session_id, prompt))
+
+    def close(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
+
+
+def _status(exchange: Exchange) -> str:
+    """A bridge turn's ``status`` from its reply."""
+    reply = orjson.loads(exchange.reply.result())
+    return (reply.get("result") or {}).get("status", "error")
+
+
+class Samples:
+    """One side's turns of one variant: first-delta and result latencies, statuses."""
+
+    def __init__(self) -> None:
+        self.first: list[float] = []
+        self.result: list[float] = []
+        self.statuses: dict[str, int] = {}
+
+    def add(self, exchange: Exchange, status: str) -> None:
+        """Count the turn's status; a completed turn that streamed no delta counts as ``no delta``."""
+        if status == "completed" and exchange.first is None:
+            status = "no delta"
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if status == "completed":
+            self.first.append(exchange.first_seconds())  # type: ignore[arg-type]
+            self.result.append(exchange.result_seconds())  # type: ignore[arg-type]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "count": len(self.result),
+            "statuses": self.statuses,
+            "first_ms": percentiles(self.first),
+            "result_ms": percentiles(self.result),
+        }
+
+
+async def wait(
+    port: int, cold: int, warm: int, warmup: int, prompt: str, agent: list[str], cwd: str, first: str = "bridge"
+) -> dict[str, Any]:
+    """Case 8: what a user waits for, through the bridge and from a direct ACP client.
+
+    Cold: ``cold`` turns, each on a new session (``session.start``, which spawns an agent; the
+    direct client spawns one, ``initialize``, ``session/new``, then prompts). Warm: ``warm``
+    follow-up turns on one session (``session.message``; another ``session/prompt``). Each bridge
+    turn is paired with a direct one, the pair's order alternating from ``first``; ``warmup``
+    unmeasured pairs lead each variant. A cold session is closed (the bridge's ``session.close``,
+    the direct agent's stdin) after its turn, outside the timed part, so no agent outlives its turn
+    and the bridge never holds more than two sessions.
+
+    Args:
+        port: the bridge's port.
+        cold: measured cold pairs.
+        warm: measured warm pairs.
+        warmup: unmeasured pairs before each variant.
+        prompt: the fast agent's workload, e.g. ``chunks=3 bytes=64``.
+        agent: the agent's command line, as the bridge's ``fast`` provider runs it.
+        cwd: the agent's working directory (the bridge's first workspace root).
+        first: ``bridge`` or ``direct``, the side that goes first in the first pair.
+
+    Returns:
+        ``{"cold"|"warm": {"bridge"|"direct": {count, statuses, first_ms, result_ms}}}``, latencies
+        in milliseconds from the timer's start (before ``session.start``, or before the spawn).
+    """
+    bridge = BridgeConnection()
+    await bridge.connect(port)
+    samples = {variant: {"bridge": Samples(), "direct": Samples()} for variant in ("cold", "warm")}
+
+    async def bridge_cold(index: int) -> tuple[Exchange, str]:
+        session = f"wait-cold-{index}"
+        exchange = await bridge.turn("session.start", session, prompt)
+        await bridge.request("session.close", {"sessionId": session})
+        return exchange, _status(exchange)
+
+    async def direct_cold(index: int) -> tuple[Exchange, str]:
+        started = time.perf_counter()
+        direct = await DirectAgent.spawn(agent, cwd)
+        try:
+            await direct.open_session(cwd)
+            exchange = await direct.prompt(prompt, started)
+        finally:
+            await direct.close()
+        return exchange, stop_reason(exchange)
+
+    warm_agent: DirectAgent | None = None
+
+    async def bridge_warm(index: int) -> tuple[Exchange, str]:
+        exchange = await bridge.turn("session.message", "wait-warm", prompt)
+        return exchange, _status(exchange)
+
+    async def direct_warm(index: int) -> tuple[Exchange, str]:
+        assert warm_agent is not None
+        exchange = await warm_agent.prompt(prompt)
+        return exchange, stop_reason(exchange)
+
+    async def pairs(variant: str, count: int, sides: dict[str, Any]) -> None:
+        order = [first, "direct" if first == "bridge" else "bridge"]
+        for index in range(warmup + count):
+            for side in order if index % 2 == 0 else order[::-1]:
+                exchange, status = await sides[side](index)
+                if index >= warmup:
+                    samples[variant][side].add(exchange, status)
+
+    try:
+        await pairs("cold", cold, {"bridge": bridge_cold, "direct": direct_cold})
+        await bridge.turn("session.start", "wait-warm", prompt)  # the session the warm turns follow up
+        warm_agent = await DirectAgent.spawn(agent, cwd)
+        await warm_agent.open_session(cwd)
+        await pairs("warm", warm, {"bridge": bridge_warm, "direct": direct_warm})
+        await bridge.request("session.close", {"sessionId": "wait-warm"})
+    finally:
+        if warm_agent is not None:
+            await warm_agent.close()
+        bridge.close()
+    return {variant: {side: s.summary() for side, s in sides.items()} for variant, sides in samples.items()}
+
+
 MODES = {
     "rr-ws": rr_ws,
     "rr-http": rr_http,
@@ -350,6 +509,7 @@ MODES = {
     "paced": paced,
     "idle-ws": idle_ws,
     "turns": turns,
+    "wait": wait,
 }
 
 

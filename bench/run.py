@@ -1,9 +1,11 @@
-"""The benchmark runner: ``python -m bench.run [--quick] [--rounds N] [--cases 1234567] [--sweep]``.
+"""The benchmark runner: ``python -m bench.run [--quick] [--rounds N] [--cases 12345678] [--sweep]``.
 
 Each round starts fresh servers (subprocesses on 127.0.0.1) and measures every case against the
-bridge and against its baseline back to back, alternating which goes first (A B, then B A, …).
+bridge and against its baseline back to back, alternating which goes first (A B, then B A, …;
+case 8 pairs its turns one by one and alternates within the round too).
 The table and ``bench/results/latest.json`` hold the medians per server, the median of the
-per-round ratios (bridge ÷ baseline) and each target's verdict. The run stops by itself: rounds
+per-round ratios (bridge ÷ baseline) and differences (bridge − baseline, case 8's p50 figures)
+and each target's verdict. The run stops by itself: rounds
 that would not fit in ``--time-limit`` seconds are skipped (and listed as skipped), and a hard
 limit cancels whatever is still running, stops the servers and writes what was measured.
 
@@ -63,7 +65,7 @@ async def start_pair(ctx: Context, config: Path, order: list[str]) -> list[serve
         servers.start_bridge(ctx.workdir, config),
         servers.start_baseline(ctx.workdir, ctx.result_file, ctx.relay_pad),
     )
-    await asyncio.sleep(1.0)  # the bridge probes its providers (spawns the agent once) at start
+    await asyncio.sleep(servers.PROBE_SETTLE)
     by_kind = {"bridge": bridge, "baseline": baseline}
     return [by_kind[kind] for kind in order]
 
@@ -101,6 +103,8 @@ async def rounds(ctx: Context, deadline: float, skipped: list[str]) -> None:
                 await stop_all(pair)
         if "6" in ctx.plan.cases:
             await cases.cold_round(ctx, order, round_)
+        if "8" in ctx.plan.cases:
+            await cases.wait_round(ctx, config, order, round_)
         round_seconds = max(round_seconds, time.monotonic() - started)
     for name, case in (("5 idle sessions", reported.idle_sessions), ("7 knowledge", reported.knowledge)):
         if name[0] not in ctx.plan.cases:
@@ -175,7 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="one small round of every case (smoke run)")
     parser.add_argument("--rounds", type=int, help="rounds of the A/B cases (default 5; --quick: 1)")
     parser.add_argument("--time-limit", type=float, help="seconds (default 1140; --quick: 240)")
-    parser.add_argument("--cases", help='case numbers to run, e.g. "134" (default: all, 1-7)')
+    parser.add_argument("--cases", help='case numbers to run, e.g. "134" (default: all, 1-8)')
     parser.add_argument("--sweep", action="store_true", help="compare uvicorn settings (loop, HTTP parser, ws) instead")
     parser.add_argument("--profile", metavar="CASE_PREFIX", help='py-spy the bridge in these cases, e.g. "1 ws c10"')
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")

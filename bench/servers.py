@@ -27,9 +27,11 @@ BRIDGE_ROOT = os.environ.get("BENCH_BRIDGE_ROOT")
 """Another copy of the repository to benchmark (e.g. a scratch copy with a change): its
 ``bridge`` package is imported instead of the installed one."""
 FAST_AGENT = str(ROOT / "bench" / "fast_agent.py")
+FAST_AGENT_ARGV = [PYTHON, "-I", "-S", FAST_AGENT]  # the ``fast`` provider; case 8's direct client runs the same
 READY_TIMEOUT = 30.0  # seconds for a server to answer its first request
 STOP_TIMEOUT = 15.0  # seconds for a graceful stop before SIGKILL
 POLL = 0.002  # seconds between two connection attempts while a server starts
+PROBE_SETTLE = 1.0  # seconds for a started bridge to finish probing its providers (it spawns each once)
 
 
 def bridge_argv(*args: str) -> list[str]:
@@ -75,7 +77,7 @@ def bridge_config(workdir: Path, name: str, **extra: Any) -> Path:
         "host": "127.0.0.1",
         "workspaceRoots": [str(workdir)],
         "limits": _limits(extra),
-        "providers": {"fast": {"command": PYTHON, "args": ["-I", "-S", FAST_AGENT]}},
+        "providers": {"fast": {"command": FAST_AGENT_ARGV[0], "args": FAST_AGENT_ARGV[1:]}},
         **extra,
     }
     path = workdir / f"{name}.yaml"
