@@ -158,16 +158,26 @@ _GATEWAY = Params(_MODELS, "GatewayParams")
 
 METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("acp.capabilities", capabilities, None, CapabilitiesResult, inline=True),
-    MethodSpec("xworkmate.routing.resolve", routing_resolve, Params(_MODELS, "ResolveParams"), ResolveResult, inline=True),
+    MethodSpec(
+        "xworkmate.routing.resolve", routing_resolve, Params(_MODELS, "ResolveParams"), ResolveResult, inline=True
+    ),
     MethodSpec("session.start", session_start, _TURN, TurnResult | UnavailableTurnResult, inline=False),
     MethodSpec("session.message", session_message, _TURN, TurnResult | UnavailableTurnResult, inline=False),
     MethodSpec("session.cancel", session_cancel, _SESSION, CancelResult, inline=True),
     MethodSpec("session.close", session_close, _SESSION, CloseResult, inline=False),
-    MethodSpec("session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True),
+    MethodSpec(
+        "session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True
+    ),
     MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=True),
     MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=True),
     MethodSpec("xworkmate.gateway.disconnect", gateway_disconnect, _GATEWAY, AcceptedResult, inline=True),
-    MethodSpec("knowledge.sources", knowledge_sources, Params(_KNOWLEDGE, "SourcesParams"), KnowledgeSourcesResult, inline=False),
+    MethodSpec(
+        "knowledge.sources",
+        knowledge_sources,
+        Params(_KNOWLEDGE, "SourcesParams"),
+        KnowledgeSourcesResult,
+        inline=False,
+    ),
     MethodSpec("knowledge.read", knowledge_read, Params(_KNOWLEDGE, "ReadParams"), KnowledgeReadResult, inline=False),
 )
 """Every wire method, in the order ``acp.capabilities`` lists them."""

@@ -92,7 +92,14 @@ class SessionStateEvent(msgspec.Struct, frozen=True):
 
 
 TurnEvent = (
-    TextDelta | ThoughtDelta | ToolCallEvent | PlanEvent | UsageEvent | PermissionEvent | StatusEvent | SessionStateEvent
+    TextDelta
+    | ThoughtDelta
+    | ToolCallEvent
+    | PlanEvent
+    | UsageEvent
+    | PermissionEvent
+    | StatusEvent
+    | SessionStateEvent
 )
 
 

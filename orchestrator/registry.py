@@ -27,6 +27,8 @@ class ServiceAdapter(Protocol):
     """An adapter that runs as a service for the bridge's life (``AcpAdapter``)."""
 
     async def run(self, *, task_status: TaskStatus[None] = ...) -> None: ...
+
+
 FIRST = ("codex", "opencode", "gemini", "hermes")
 
 

@@ -263,7 +263,11 @@ class Turn:
         if m.finished_by is Trigger.CRASH:
             return "failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log"
         if m.output_limited:
-            return "failed", "OUTPUT_LIMIT", f"the turn's output passed maxOutputBytes ({self._limits.max_output_bytes} bytes)"
+            return (
+                "failed",
+                "OUTPUT_LIMIT",
+                f"the turn's output passed maxOutputBytes ({self._limits.max_output_bytes} bytes)",
+            )
         if m.finished_by is Trigger.TIMEOUT:
             return "timeout", "TURN_TIMEOUT", f"turn exceeded {self._host.timeouts.turn_timeout:g} s"
         if m.cause in (Trigger.CANCEL, Trigger.CLOSE, Trigger.SHUTDOWN) or outcome is None:
@@ -276,6 +280,7 @@ class Turn:
         status, code, message = self._verdict()
         outcome = self._outcome or TurnOutcome(status)  # type: ignore[arg-type]
         output = self.output
+        self._parts = [output]  # one string from here on: a session keeps its last turn
         done_text = output if status == "completed" or output else message
         self.publish(updates.done(status, cut_utf8(done_text, self._limits.done_message_bytes), code))
         self.fire(Trigger.FINISHED)
@@ -445,5 +450,3 @@ class Turn:
         for kind in sorted(session.state_unsent):
             self.publish(updates.from_event(SessionStateEvent(kind, session.state.get(kind))))
         session.state_unsent.clear()
-
-

@@ -49,9 +49,7 @@ class Workspace:
             for root in self.roots:
                 if root.is_dir():
                     return str(root)
-            raise InvalidParams(
-                "no workspace root exists; create one or fix workspaceRoots", field="workingDirectory"
-            )
+            raise InvalidParams("no workspace root exists; create one or fix workspaceRoots", field="workingDirectory")
         real = _resolve(requested, "workingDirectory")
         if not real.is_dir():
             raise InvalidParams(

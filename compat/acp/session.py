@@ -259,6 +259,7 @@ class AcpSession:
 
     async def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
+        self._last = None  # an agent that is gone writes no late chunk: let its turn go
         if conn is not None:
             await conn.close(KILL_GRACE)
 
@@ -274,7 +275,9 @@ class AcpSession:
         elif self._opening and isinstance(session_id, str):
             early = self._early.setdefault(session_id, deque(maxlen=EARLY_UPDATES))
             if len(early) == EARLY_UPDATES:
-                logger.warning("session %s: more than %d updates before session/new answered", session_id[:80], EARLY_UPDATES)
+                logger.warning(
+                    "session %s: more than %d updates before session/new answered", session_id[:80], EARLY_UPDATES
+                )
             early.append(update)
         else:
             logger.debug("an update for session %r, which is not this session's", str(session_id)[:80])

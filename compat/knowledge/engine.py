@@ -390,6 +390,4 @@ class KnowledgeTurn:
             "diagnostics": self.diagnostics,
         }
         status = "failed" if error else "completed"
-        return TurnOutcome(
-            status, stop_reason="end_turn" if not error else "error", error=error, artifacts=[artifact]
-        )
+        return TurnOutcome(status, stop_reason="end_turn" if not error else "error", error=error, artifacts=[artifact])

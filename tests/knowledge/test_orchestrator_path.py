@@ -10,11 +10,11 @@ import pytest
 from compat.knowledge.adapter import KnowledgeAdapter
 from compat.settings import Limits, Timeouts
 from orchestrator.models import TurnParams
-from orchestrator.results import TurnResult
 from orchestrator.registry import ProviderRegistry
+from orchestrator.results import TurnResult
 from orchestrator.service import Orchestrator
-from tests.knowledge.helpers import make_service
 from tests.helpers import conforms, wire
+from tests.knowledge.helpers import make_service
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,8 +22,8 @@ from bridge.cli import build_app
 from bridge.config import BridgeConfig, load_config
 from compat.profile.settings import tools_dir
 from orchestrator.results import SessionUpdate, TurnResult
-from tests.helpers import conforms, WsClient as Client
-from tests.helpers import real_server
+from tests.helpers import WsClient as Client
+from tests.helpers import conforms, real_server
 
 from .conftest import SCRIPTS
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from compat.base import ThoughtDelta, ToolCallEvent, UsageEvent
 from compat.profile.protocol import (
     ENV_MESSAGE_MAX_BYTES,
     Body,
@@ -22,7 +23,6 @@ from compat.profile.protocol import (
     wire_safe,
 )
 from compat.profile.run import reply_rest
-from compat.base import ThoughtDelta, ToolCallEvent, UsageEvent
 
 from .conftest import request
 

@@ -13,9 +13,9 @@ import anyio
 import orjson
 import pytest
 
-from compat.profile.protocol import ENV_MESSAGE_MAX_BYTES
 from compat.base import TurnOutcome
 from compat.profile.adapter import ProfileAdapter, ProfileSession
+from compat.profile.protocol import ENV_MESSAGE_MAX_BYTES
 
 from .conftest import ProfileFactory, RecordingSink, deltas, group_members, pids_in, request, run_turn, wait_gone
 
