@@ -14,20 +14,42 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
 from bridge.rpc.codec import dumps, loads
 from bridge.rpc.errors import LimitReached, NotFound, SessionBusy
 from compat.base import ProviderSession
-
-if TYPE_CHECKING:
-    from orchestrator.turn import PendingPermission, Turn
+from orchestrator.machine import Trigger
 
 log = logging.getLogger(__name__)
 Subscriber = Callable[[dict[str, Any]], None]
 HISTORY_KEPT = 50  # (role, text) entries per session
+
+
+class QueuedTurn(Protocol):
+    """What a session needs of the turns it queues (``orchestrator.turn.Turn``)."""
+
+    ended: anyio.Event
+
+    def stop(self, trigger: Trigger) -> bool: ...
+
+
+class PendingPermission:
+    """A permission request forwarded to the client (policy ``ask``), until it is answered."""
+
+    __slots__ = ("answered", "option_id", "option_ids")
+
+    def __init__(self, option_ids: frozenset[str]) -> None:
+        self.option_ids = option_ids
+        self.answered = anyio.Event()
+        self.option_id: str | None = None
+
+    def answer(self, option_id: str | None) -> None:
+        if not self.answered.is_set():
+            self.option_id = option_id
+            self.answered.set()
 
 
 class UpdateLog:
@@ -112,22 +134,22 @@ class Session:
         ``available_commands_update`` …), whenever it arrived."""
         self.state_unsent: set[str] = set()
         """State kinds that changed while no turn streamed: sent at the start of the next turn."""
-        self.active: Turn | None = None  # the turn that has (or is about to have) the session
-        self._waiting: deque[Turn] = deque()
-        self._admitted: dict[Turn, anyio.Event] = {}
+        self.active: QueuedTurn | None = None  # the turn that has (or is about to have) the session
+        self._waiting: deque[QueuedTurn] = deque()
+        self._admitted: dict[QueuedTurn, anyio.Event] = {}
 
     @property
     def busy(self) -> bool:
         return self.active is not None or bool(self._waiting)
 
     @property
-    def turns(self) -> Iterator[Turn]:
+    def turns(self) -> Iterator[QueuedTurn]:
         """The active turn, then the queued ones in order."""
         if self.active is not None:
             yield self.active
         yield from tuple(self._waiting)
 
-    def admit(self, turn: Turn, *, start: bool) -> None:
+    def admit(self, turn: QueuedTurn, *, start: bool) -> None:
         """Take a place for ``turn``. Synchronous, so admission follows arrival order.
 
         Raises:
@@ -145,13 +167,13 @@ class Session:
         self._waiting.append(turn)
         self._admitted[turn] = anyio.Event()
 
-    async def wait_turn(self, turn: Turn) -> None:
+    async def wait_turn(self, turn: QueuedTurn) -> None:
         """Wait until ``turn`` has the session (at once when it already has)."""
         admitted = self._admitted.get(turn)
         if admitted is not None:
             await admitted.wait()
 
-    def release(self, turn: Turn) -> None:
+    def release(self, turn: QueuedTurn) -> None:
         """``turn`` gives up its place (ended, or never started); the next queued turn gets it."""
         self.last_active = time.monotonic()
         self._admitted.pop(turn, None)

@@ -45,7 +45,7 @@ from orchestrator import updates
 from orchestrator.machine import Trigger, TurnMachine, TurnState
 from orchestrator.results import TurnErrorInfo, TurnResult
 from orchestrator.routing import Resolution
-from orchestrator.sessions import Session
+from orchestrator.sessions import PendingPermission, Session
 
 if TYPE_CHECKING:
     from orchestrator.registry import ProviderRegistry
@@ -55,22 +55,6 @@ Notify = Callable[[str, Any], None]
 SUMMARY_CHARS = 280
 _LIVE = (TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING, TurnState.FINISHING)
 _CAN_STOP = (TurnState.QUEUED, TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING)
-
-
-class PendingPermission:
-    """A permission request forwarded to the client (policy ``ask``), until it is answered."""
-
-    __slots__ = ("answered", "option_id", "option_ids")
-
-    def __init__(self, option_ids: frozenset[str]) -> None:
-        self.option_ids = option_ids
-        self.answered = anyio.Event()
-        self.option_id: str | None = None
-
-    def answer(self, option_id: str | None) -> None:
-        if not self.answered.is_set():
-            self.option_id = option_id
-            self.answered.set()
 
 
 class TurnHost(Protocol):

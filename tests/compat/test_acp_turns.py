@@ -7,6 +7,8 @@ between turns, lone surrogates.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -238,3 +240,17 @@ async def test_a_lone_surrogate_in_the_prompt_results_meta_does_not_break_the_tu
     orch = await make_agent.orchestrator("surrogate")
     result = await orch.run_turn(turn("hi"), "local", Client(), start=True)
     assert result.status == "completed" and result.usage["inputTokens"] == 10
+
+
+async def test_an_agent_killed_while_its_permission_request_waits_fails_the_turn_and_drops_it(
+    make_agent: AgentFactory,
+) -> None:
+    orch = await make_agent.orchestrator("permission", permission_policy="ask")
+    async with anyio.create_task_group() as tg:
+        client = Client()
+        box = start(tg, orch, client)
+        await client.wait_for(lambda u: any(x["type"] == "permission" for x in u))
+        os.kill(agent_pid(orch), signal.SIGKILL)
+        result = await box.wait()
+    assert result.status == "failed" and result.error.code == "AGENT_EXITED"
+    assert orch.sessions.owned("s1", "local").permissions == {}  # nobody can answer it any more

@@ -26,14 +26,40 @@ class FakeSession:
         self.adapter = adapter
         self.cancelled = anyio.Event()
         self.closed = False
+        self.begun = False
+        self.cut_off = 0  # turns whose scope was cancelled under them
         self.turns: list[TurnRequest] = []
 
     async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
+        try:
+            return await self._turn(request, sink)
+        except anyio.get_cancelled_exc_class():
+            self.cut_off += 1
+            raise
+        finally:
+            self.begun = False
+
+    async def _turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
         self.cancelled = anyio.Event()
         self.turns.append(request)
-        sink.begin()
-        self.adapter.started.set()
         prompt = request.prompt
+        if prompt == "slow-start":  # still preparing (as an agent spawning): no graceful stop yet
+            self.adapter.starting.set()
+            await anyio.sleep_forever()
+        if prompt == "raise":
+            raise RuntimeError("a bug in an adapter")
+        sink.begin()
+        self.begun = True
+        self.adapter.started.set()
+        if prompt == "ask-then-exit":  # the agent dies while the client is asked
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sink.ask_permission, {"toolCallId": "t1", "title": "rm"}, [{"optionId": "yes"}])
+                await self.adapter.asked.wait()
+                tg.cancel_scope.cancel()  # the peer's handler dies with the agent
+            return TurnOutcome("failed", error=TurnError("AGENT_EXITED", "agent exited with code 9", {"exitCode": 9}))
+        if prompt == "ignore-cancel":
+            sink.emit(TextDelta("partial"))
+            await anyio.sleep_forever()
         if prompt.startswith("echo "):
             for word in prompt[5:].split():
                 sink.emit(TextDelta(word + " "))
@@ -64,6 +90,8 @@ class FakeSession:
         return TurnOutcome("completed", stop_reason="end_turn")
 
     def request_cancel(self) -> bool:
+        if not self.begun:
+            return False  # nothing to cancel gracefully before the work began
         self.cancelled.set()  # the prompts that wait for it return "cancelled"
         return True
 
@@ -78,6 +106,8 @@ class FakeAdapter:
         self._available = available
         self.sessions: list[FakeSession] = []
         self.started = anyio.Event()
+        self.starting = anyio.Event()
+        self.asked = anyio.Event()
 
     def probe_cheap(self) -> ProbeResult:
         return ProbeResult("ok") if self._available else ProbeResult("not_found", "command not found")

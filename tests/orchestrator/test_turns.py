@@ -1,0 +1,221 @@
+"""Turns end the way ``orchestrator.machine`` says, whatever ends them, over an in-memory adapter:
+cancel while starting, while running, and while the result is being finished; close while
+queued; the turn timeout; the agent exiting while a permission request is pending; a provider
+that raises; bridge shutdown; and never a turn with two ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from bridge.rpc.errors import NotFound
+from compat.settings import Limits, Timeouts
+from orchestrator.models import PermissionParams, TurnParams
+from orchestrator.registry import ProviderRegistry
+from orchestrator.results import TurnResult
+from orchestrator.service import Orchestrator
+from tests.helpers import in_background
+from tests.orchestrator.fake_adapter import FakeAdapter
+
+WAIT = 10.0
+pytestmark = pytest.mark.timeout(30)
+
+
+class Client:
+    """A connection's view: every update it was sent; ``on_update`` runs as each arrives."""
+
+    def __init__(self) -> None:
+        self.updates: list[dict[str, Any]] = []
+        self.on_update: Any = None
+        self._changed = anyio.Event()
+
+    def __call__(self, method: str, params: dict[str, Any]) -> None:
+        self.updates.append(params)
+        if self.on_update is not None:
+            self.on_update(params)
+        self._changed.set()
+
+    async def wait_for(self, kind: str) -> dict[str, Any]:
+        with anyio.fail_after(WAIT):
+            while not (found := [u for u in self.updates if u["type"] == kind]):
+                self._changed = anyio.Event()
+                await self._changed.wait()
+        return found[0]
+
+    def dones(self) -> list[dict[str, Any]]:
+        return [u for u in self.updates if u["type"] == "done"]
+
+
+class Harness:
+    def __init__(self, orch: Orchestrator, adapter: FakeAdapter, tg: anyio.abc.TaskGroup) -> None:
+        self.orch, self.adapter, self.tg = orch, adapter, tg
+
+    def start(self, prompt: str, session: str = "s1", *, message: bool = False) -> tuple[Client, Box]:
+        client, box = Client(), Box()
+
+        async def run() -> None:
+            params = TurnParams.model_validate({"sessionId": session, "taskPrompt": prompt})
+            box.result = await self.orch.run_turn(params, "local", client, start=not message)
+            box.done.set()
+
+        self.tg.start_soon(run)
+        return client, box
+
+
+class Box:
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result: TurnResult | Any = None
+
+    async def wait(self) -> TurnResult:
+        with anyio.fail_after(WAIT):
+            await self.done.wait()
+        return self.result
+
+
+def orchestrator(tmp_path: Path, adapter: FakeAdapter, **timeouts: float) -> Orchestrator:
+    registry = ProviderRegistry({"fake": adapter}, {"fake"})
+    limits = Limits(max_output_bytes=1000, max_queued_turns=4)
+    return Orchestrator(registry, [tmp_path.resolve()], limits, Timeouts(**{"cancel_grace": 0.5, **timeouts}))
+
+
+async def test_cancel_while_starting_cuts_the_provider_off_at_once(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        client, box = Harness(orch, adapter, tg).start("slow-start")
+        with anyio.fail_after(WAIT):
+            await adapter.starting.wait()
+        assert orch.cancel("s1", "local").cancelled is True
+        result = await box.wait()
+    assert result.status == "cancelled" and result.stop_reason == "cancelled"
+    assert adapter.sessions[0].cut_off == 1  # no graceful stop before the work began: cut off
+    assert [u["type"] for u in client.updates] == ["status", "done"]  # started, then one done
+
+
+async def test_cancel_while_running_is_graceful_when_the_provider_stops(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        client, box = Harness(orch, adapter, tg).start("hang")
+        await client.wait_for("delta")
+        assert orch.cancel("s1", "local").cancelled is True
+        result = await box.wait()
+    assert result.status == "cancelled" and result.output == "partial"
+    assert adapter.sessions[0].cut_off == 0  # it stopped within cancelGrace
+
+
+async def test_a_provider_that_ignores_the_cancel_is_cut_off_after_the_grace(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        client, box = Harness(orch, adapter, tg).start("ignore-cancel")
+        await client.wait_for("delta")
+        orch.cancel("s1", "local")
+        result = await box.wait()
+    assert result.status == "cancelled" and adapter.sessions[0].cut_off == 1
+
+
+async def test_a_cancel_read_while_the_result_is_being_finished_changes_nothing(tmp_path: Path) -> None:
+    """The outcome is known once the provider answered: a cancel arriving as the done update goes
+    out answers ``cancelled: false`` and the turn ends as the provider said."""
+    adapter = FakeAdapter()
+    answers: list[Any] = []
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        client, box = Harness(orch, adapter, tg).start("echo hi")
+        client.on_update = lambda u: answers.append(orch.cancel("s1", "local")) if u["type"] == "done" else None
+        result = await box.wait()
+    assert answers and answers[0].cancelled is False
+    assert result.status == "completed" and len(client.dones()) == 1
+
+
+async def test_close_while_queued_ends_the_queued_turn_before_it_started(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        harness = Harness(orch, adapter, tg)
+        running, first = harness.start("hang")
+        await running.wait_for("delta")
+        queued, second = harness.start("echo never", message=True)
+        await anyio.wait_all_tasks_blocked()
+        closed = await orch.close("s1", "local")
+        results = [await first.wait(), await second.wait()]
+    assert closed.closed is True
+    assert results[0].status == "cancelled" and results[0].turn_id is not None
+    assert results[1].status == "cancelled" and results[1].turn_id is None
+    assert results[1].error.code == "CANCELLED" and queued.updates == []  # it never started
+    assert adapter.sessions[0].closed
+
+
+async def test_the_turn_timeout_ends_the_turn_as_timeout(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with (
+        in_background(orchestrator(tmp_path, adapter, turn_timeout=0.2)) as orch,
+        anyio.create_task_group() as tg,
+    ):
+        client, box = Harness(orch, adapter, tg).start("ignore-cancel")
+        result = await box.wait()
+    assert result.status == "timeout" and result.error.code == "TURN_TIMEOUT"
+    assert result.output == "partial" and len(client.dones()) == 1
+
+
+async def test_the_agent_exiting_while_a_permission_is_pending_fails_the_turn_and_drops_the_request(
+    tmp_path: Path,
+) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        client, box = Harness(orch, adapter, tg).start("ask-then-exit")
+        asked = await client.wait_for("permission")
+        adapter.asked.set()
+        result = await box.wait()
+        with pytest.raises(NotFound):  # answering it now: it no longer exists
+            orch.permission(
+                PermissionParams.model_validate(
+                    {"sessionId": "s1", "requestId": asked["requestId"], "optionId": "yes"}
+                ),
+                "local",
+            )
+    assert result.status == "failed" and result.error.code == "AGENT_EXITED"
+    assert orch.sessions.owned("s1", "local").permissions == {}
+
+
+async def test_a_provider_that_raises_fails_only_its_own_turn(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        harness = Harness(orch, adapter, tg)
+        _, box = harness.start("raise")
+        result = await box.wait()
+        _, after = harness.start("echo still serving", session="s2")
+        later = await after.wait()
+    assert result.status == "failed" and result.error.code == "INTERNAL_ERROR"
+    assert later.status == "completed"
+
+
+async def test_shutdown_ends_running_turns_with_a_done_update(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with anyio.create_task_group() as tg:
+        async with in_background(orchestrator(tmp_path, adapter)) as orch:
+            client, box = Harness(orch, adapter, tg).start("ignore-cancel")
+            await client.wait_for("delta")
+        result = await box.wait()
+    assert result.status == "cancelled" and [u["status"] for u in client.dones()] == ["cancelled"]
+
+
+async def test_no_turn_ends_twice_whatever_ends_it(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with (
+        in_background(orchestrator(tmp_path, adapter, turn_timeout=0.5)) as orch,
+        anyio.create_task_group() as tg,
+    ):
+        harness = Harness(orch, adapter, tg)
+        runs = [
+            harness.start(prompt, session=f"n{i}")
+            for i, prompt in enumerate(["echo a", "fail", "raise", "hang", "ignore-cancel", "big 5000"])
+        ]
+        await runs[3][0].wait_for("delta")
+        orch.cancel("n3", "local")
+        results = [await box.wait() for _, box in runs]
+    for (client, _), result in zip(runs, results, strict=True):
+        if result.turn_id is not None:
+            assert [d["turnId"] for d in client.dones()] == [result.turn_id]
+    assert [r.status for r in results] == ["completed", "failed", "failed", "cancelled", "timeout", "failed"]
