@@ -35,6 +35,14 @@ profile-tools:
 test: install agents llmwiki profile-tools
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
+## lint: install the pinned linters and check the tree (ruff lint and format, pyright, the import layers)
+lint: install
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[lint]'
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pyright
+	$(BIN)/lint-imports
+
 ## bench: the benchmark suite against minimal baselines (ratios, table + bench/results/latest.json; ~20 min)
 bench: install
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'

@@ -98,9 +98,9 @@ class Authenticator:
     @classmethod
     def from_config(cls, config: BridgeConfig, *, bind_host: str | None = None) -> Authenticator:
         host = config.host if bind_host is None else bind_host
-        for token in config.auth_tokens:
+        for token in config.named_tokens:
             register_secret(token.token)
-        return cls(config.auth_tokens, anonymous=is_loopback(host) or config.allow_insecure_no_auth)
+        return cls(config.named_tokens, anonymous=is_loopback(host) or config.allow_insecure_no_auth)
 
     def match(self, credential: str | None) -> str | None:
         """The name of the token equal to ``credential``, or None.

@@ -85,6 +85,11 @@ class BridgeConfig(Settings, frozen=True):
             providers = {k: ProviderConfig() if v is None else v for k, v in self.providers.items()}
             msgspec.structs.force_setattr(self, "providers", providers)
 
+    @property
+    def named_tokens(self) -> list[NamedToken]:
+        """``authTokens``, each named (``__post_init__`` names the bare ones)."""
+        return [t for t in self.auth_tokens if isinstance(t, NamedToken)]
+
     def roots(self) -> list[Path]:
         """Workspace roots as resolved paths (default: the home and the system temp directory)."""
         raw = self.workspace_roots or [str(Path.home()), tempfile.gettempdir()]

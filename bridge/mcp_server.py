@@ -159,8 +159,10 @@ class McpApp:
             await self._lifespan_events(receive, send)
         elif self._handler is None and not await self._wait_ready():
             await _plain(send, 503, {"error": {"code": -32603, "message": "the MCP surface is not running"}})
-        else:
-            await self._handler(scope, receive, send)
+        elif (handler := self._handler) is not None:
+            await handler(scope, receive, send)
+        else:  # it stopped again while this request waited
+            await _plain(send, 503, {"error": {"code": -32603, "message": "the MCP surface is not running"}})
 
     async def _wait_ready(self) -> bool:
         if self._wanted is not None:

@@ -72,7 +72,7 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
 
     The knowledge service is entered and left with the orchestrator (``orch.knowledge``).
     """
-    for named in config.auth_tokens:
+    for named in config.named_tokens:
         register_secret(named.token)
     if config.knowledge.runtime.api_key_env:
         register_secret(os.environ.get(config.knowledge.runtime.api_key_env))

@@ -127,8 +127,8 @@ class RoutingInput(msgspec.Struct, frozen=True):
                 raise ValueError(f"routing.{key} must be a string")
             return value.strip()[:200] if isinstance(value, str) else ""
 
-        skills = r.get("explicitSkills") if isinstance(r.get("explicitSkills"), list) else []
-        available = r.get("availableSkills") if isinstance(r.get("availableSkills"), list) else []
+        skills = _list(r.get("explicitSkills"))
+        available = _list(r.get("availableSkills"))
         return cls(
             prompt=(prompt or "")[:ROUTING_PROMPT_CHARS],
             routing_mode=(text("routingMode") or "auto").lower(),
@@ -141,6 +141,10 @@ class RoutingInput(msgspec.Struct, frozen=True):
             available_skills=tuple(s for s in available[:MAX_AVAILABLE_SKILLS] if isinstance(s, dict)),
             preferred_gateway_provider_id=text("preferredGatewayProviderId"),
         )
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 class Resolution(msgspec.Struct):

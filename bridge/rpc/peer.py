@@ -160,5 +160,6 @@ def _error_object(error: Any) -> ErrorObject:
     if not isinstance(error, dict):
         return ErrorObject(INTERNAL_ERROR, str(error)[:500])
     code = error.get("code")
-    usable = isinstance(code, int) and not isinstance(code, bool)
-    return ErrorObject(code if usable else INTERNAL_ERROR, str(error.get("message", "")), error.get("data"))
+    if not isinstance(code, int) or isinstance(code, bool):
+        code = INTERNAL_ERROR
+    return ErrorObject(code, str(error.get("message", "")), error.get("data"))

@@ -86,9 +86,10 @@ class AcpAdapter:
         cheap = self.probe_cheap()
         if not cheap.available:
             return cheap
+        result = ProbeResult("error", "the probe did not finish")
         async with anyio.create_task_group() as tg:
             result = await self._probe(tg)
-            tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()  # the agent's pumps: the probe ended it
         return result
 
     async def preflight(self, params: dict[str, Any]) -> None:
@@ -202,6 +203,7 @@ class AcpAdapter:
             with anyio.CancelScope(shield=True):  # a cancelled probe must not lose the process
                 conn = await self._spawn(self._argv(), self.config.cwd or os.getcwd(), None)
                 self._probes.add(conn)
+            assert conn is not None  # a shielded scope is never cancelled: the spawn ran
             await tg.start(conn.run)
             info = await conn.initialize()
         except SpawnError as exc:

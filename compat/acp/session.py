@@ -217,6 +217,7 @@ class AcpSession:
             conn = self._conn = await self._host.start_connection(
                 cwd, launch_model, self._on_update, self._on_permission
             )
+        assert conn is not None  # a shielded scope is never cancelled: the spawn ran
         await conn.initialize()
         return conn
 
@@ -307,7 +308,8 @@ class AcpSession:
         policy = self._config.permission_policy
         if policy != "ask":
             return permission_outcome(choose_option(policy, options))
-        tool_call = params.get("toolCall") if isinstance(params.get("toolCall"), dict) else {}
+        raw_call = params.get("toolCall")
+        tool_call: dict[str, Any] = raw_call if isinstance(raw_call, dict) else {}
         choice = await turn.sink.ask_permission(tool_call, options)  # None once the turn stops running
         valid = {o.get("optionId") for o in options}
         return permission_outcome(choice if choice in valid else None)

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
+from compat.knowledge.shapes import as_dict, as_list
+
 GRAPH_NODES_PER_SOURCE = 120
 SNIPPET_CHARS = 600
 SOURCE_REFS = 40
@@ -82,8 +84,8 @@ def citations_from(source_id: str, payload: dict[str, Any]) -> list[dict[str, An
 
 def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Prefixed ``(nodes, edges)`` of one answer's graph (edges only between kept nodes)."""
-    graph = payload.get("graph") if isinstance(payload.get("graph"), dict) else payload
-    raw_nodes = [n for n in graph.get("nodes") or [] if isinstance(n, dict) and n.get("id")]
+    graph = as_dict(payload.get("graph")) or payload
+    raw_nodes = [n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and n.get("id")]
     nodes, kept = [], set()
     for node in raw_nodes[:GRAPH_NODES_PER_SOURCE]:
         node_id = str(node["id"])
@@ -116,9 +118,9 @@ def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, 
 
 def bundle_from(source_id: str, bundle: dict[str, Any]) -> dict[str, Any]:
     """The allowlisted view of a source bundle (§2.3 ``sourceBundles``)."""
-    proj = bundle.get("projection") if isinstance(bundle.get("projection"), dict) else {}
-    raw = bundle.get("raw_origins") if isinstance(bundle.get("raw_origins"), dict) else {}
-    refs = [r for r in bundle.get("source_refs") or [] if isinstance(r, dict)]
+    proj = as_dict(bundle.get("projection"))
+    raw = as_dict(bundle.get("raw_origins"))
+    refs = [r for r in as_list(bundle.get("source_refs")) if isinstance(r, dict)]
     out: dict[str, Any] = {
         "sourceId": source_id,
         "upstreamSourceId": bundle.get("source_id"),

@@ -51,7 +51,7 @@ class RetrievalIntent(_Params):
     schema_version: Literal["llmwiki.retrieval.v1"]
     search_mode: SearchMode = "lexical"
     fallback: Literal["lexical", "none"] = "lexical"
-    search: SearchOptions = Field(default_factory=SearchOptions)
+    search: SearchOptions = Field(default_factory=lambda: SearchOptions.model_validate({}))
 
 
 class KnowledgeTurnParams(BaseModel):

@@ -24,6 +24,7 @@ import msgspec
 from bridge.rpc.redact import register_secret
 from compat.knowledge.evidence import Evidence
 from compat.knowledge.settings import RuntimeSettings
+from compat.knowledge.shapes import as_dict
 
 if TYPE_CHECKING:
     import httpx
@@ -192,7 +193,7 @@ def _headers(settings: RuntimeSettings) -> dict[str, str]:
 def _text_of(choice: Any, key: str) -> str:
     if not isinstance(choice, dict):
         return ""
-    part = choice.get(key) if isinstance(choice.get(key), dict) else {}
+    part = as_dict(choice.get(key))
     content = part.get("content")
     if isinstance(content, list):
         return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))

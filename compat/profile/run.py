@@ -128,14 +128,16 @@ class ProfileRun:
             data = {"command": exc.command, "reason": exc.reason}
             error = TurnError("PROFILE_ERROR", redact(str(exc)), data)
             return self.failed(error, send_error_reply=launch.send_error_reply)
+        proc = self.process
+        assert proc is not None  # a shielded scope is never cancelled: the spawn ran
         try:
             with anyio.move_on_after(launch.timeout):
-                await self._read(self.process, launch)
+                await self._read(proc, launch)
             if self._end is None:
                 self._end = "timeout"
         finally:
-            await self.process.terminate(self._grace)
-        return self._outcome(self.process, launch)
+            await proc.terminate(self._grace)
+        return self._outcome(proc, launch)
 
     async def _read(self, proc: AgentProcess, launch: Launch) -> None:
         if launch.stdin is not None:

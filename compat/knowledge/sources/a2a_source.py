@@ -24,6 +24,7 @@ import msgspec
 
 from compat.knowledge.errors import SourceError, SourceUnsupported
 from compat.knowledge.settings import SourceDescriptor
+from compat.knowledge.shapes import as_dict, as_list
 from compat.knowledge.sources.base import (
     Capabilities,
     RoutedRetrieval,
@@ -54,19 +55,18 @@ def card_capabilities(raw: dict[str, Any]) -> list[str]:
     if isinstance(caps, dict) and isinstance(caps.get("extensions"), list):
         found += [e.get("uri") for e in caps["extensions"] if isinstance(e, dict)]
     if isinstance(meta, dict):
-        found += meta.get("capabilities") if isinstance(meta.get("capabilities"), list) else []
-        llmwiki = meta.get("llmwiki") if isinstance(meta.get("llmwiki"), dict) else {}
-        found += llmwiki.get("capabilities") if isinstance(llmwiki.get("capabilities"), list) else []
+        found += as_list(meta.get("capabilities"))
+        found += as_list(as_dict(meta.get("llmwiki")).get("capabilities"))
     return [c for c in found if isinstance(c, str)]
 
 
 def context_from(response: dict[str, Any]) -> dict[str, Any]:
     """The context pack inside an A2A answer: the ``llmwiki_context`` artifact's data part first,
     then any artifact's data part, then a data part of the message."""
-    task = response.get("task") if isinstance(response.get("task"), dict) else response
-    artifacts = [a for a in task.get("artifacts") or [] if isinstance(a, dict)]
+    task = as_dict(response.get("task")) or response
+    artifacts = [a for a in as_list(task.get("artifacts")) if isinstance(a, dict)]
     ordered = [a for a in artifacts if a.get("name") == ARTIFACT] + [a for a in artifacts if a.get("name") != ARTIFACT]
-    message = response.get("message") or (task.get("status") or {}).get("message") or {}
+    message = response.get("message") or as_dict(task.get("status")).get("message") or {}
     for holder in [*ordered, message if isinstance(message, dict) else {}]:
         for part in holder.get("parts") or []:
             if isinstance(part, dict) and isinstance(part.get("data"), dict):

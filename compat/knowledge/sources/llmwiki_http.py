@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from compat.knowledge.errors import SourceError
 from compat.knowledge.settings import SourceDescriptor
+from compat.knowledge.shapes import as_list
 from compat.knowledge.sources.base import (
     PAGE_LIST_LIMIT,
     Capabilities,
@@ -129,7 +130,7 @@ class LlmwikiHttpSource:
 
 def page_list(graph: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     """``[{id, title, summary}]`` from an llmwiki graph's page nodes, and whether it was cut."""
-    nodes = graph.get("nodes") if isinstance(graph.get("nodes"), list) else []
+    nodes = as_list(graph.get("nodes"))
     pages = []
     for node in nodes:
         if not isinstance(node, dict) or node.get("kind") not in PAGE_KINDS:
