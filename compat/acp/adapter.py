@@ -26,9 +26,9 @@ from compat.acp.connection import KILL_GRACE, AcpConnection
 from compat.acp.session import AcpSession
 from compat.base import ProbeResult, ProviderInfo
 from compat.peer import NotificationHandler, PeerClosed, PeerError, RequestHandler, RequestTimeout
-from compat.process.child import SpawnError
 from compat.process.commands import find_command
 from compat.process.env import child_env, cut_tail
+from compat.process.spawn import SpawnError
 from compat.settings import Limits, ProviderConfig, Timeouts
 
 logger = logging.getLogger(__name__)

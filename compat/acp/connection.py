@@ -33,8 +33,9 @@ from compat.peer import (
     RequestHandler,
     ResponseError,
 )
-from compat.process.child import AgentProcess, spawn
+from compat.process.child import AgentProcess
 from compat.process.lines import LineTooLong
+from compat.process.spawn import spawn
 from compat.settings import Limits, Timeouts
 
 PROTOCOL_VERSION = 1

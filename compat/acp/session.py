@@ -42,7 +42,7 @@ from compat.acp.mapping import (
 from compat.acp.models import ModelState
 from compat.base import TurnError, TurnOutcome, TurnRequest, TurnSink, TurnStatus
 from compat.peer import Call, NotificationHandler, PeerError, RequestHandler, ResponseError
-from compat.process.child import SpawnError
+from compat.process.spawn import SpawnError
 from compat.settings import Limits, ProviderConfig, Timeouts
 
 logger = logging.getLogger(__name__)

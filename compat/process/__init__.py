@@ -2,7 +2,8 @@
 the pipes with plain reader and writer tasks, bounded lines, a bounded stderr tail, and an end
 that leaves nothing behind.
 
-- ``child``: :func:`spawn` and :class:`AgentProcess` (start, pumps, drain, terminate);
+- ``spawn``: :func:`spawn` (a child in its own process group, with pipes of the bridge's own);
+- ``child``: :class:`AgentProcess` (pumps, drain, exit, terminate);
 - ``descendants``: what a child started, found at kill time (child subreaper on Linux);
 - ``lines``: bounded line framing, no I/O;
 - ``env``: the allow-listed child environment and the redacted stderr tail;

@@ -39,8 +39,9 @@ import msgspec
 from bridge.rpc.codec import cut_utf8, utf8_len
 from bridge.rpc.redact import redact
 from compat.base import TextDelta, TurnError, TurnOutcome, TurnSink
-from compat.process.child import AgentProcess, SpawnError, spawn
+from compat.process.child import AgentProcess
 from compat.process.lines import LineTooLong
+from compat.process.spawn import SpawnError, spawn
 from compat.profile.protocol import (
     Body,
     ClaudeStreamParser,

@@ -26,9 +26,11 @@ import pytest
 import uvloop
 
 import compat.process.child as child_module
-from compat.process.child import AgentProcess, SpawnError, spawn
+import compat.process.spawn as spawn_module
+from compat.process.child import AgentProcess
 from compat.process.env import child_env
 from compat.process.lines import LineTooLong
+from compat.process.spawn import SpawnError, spawn
 
 
 class TracingLoop(uvloop.Loop):  # as instrumentation libraries wrap the loop
@@ -220,7 +222,7 @@ def test_a_child_leads_its_own_group_and_a_new_session_only_under_a_terminal(
     """Its own process group always (killed as a whole); a session of its own only when the bridge
     has a controlling terminal (``NEW_SESSION``): with autogroup scheduling each session is a CPU
     share of its own, so 100 agents would get 100 shares to the bridge's one."""
-    monkeypatch.setattr(child_module, "NEW_SESSION", new_session)
+    monkeypatch.setattr(spawn_module, "NEW_SESSION", new_session)
 
     async def main() -> tuple[int, int, int]:
         child = await start("import sys; sys.stdin.read()")
@@ -238,7 +240,7 @@ def test_a_child_leads_its_own_group_and_a_new_session_only_under_a_terminal(
 def test_new_session_follows_the_controlling_terminal(with_terminal: bool) -> None:
     import subprocess
 
-    script = "import compat.process.child as c; print(c.NEW_SESSION)"
+    script = "import compat.process.spawn as c; print(c.NEW_SESSION)"
     if with_terminal:
         script = f"import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); {script}"
     leader, follower = os.openpty() if with_terminal else (-1, -1)

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compat.process.child import spawn
 from compat.process.env import child_env
 from compat.process.lines import LineFramer, LineTooLong
+from compat.process.spawn import spawn
 
 WAIT = 10.0  # seconds: the bound on every wait below
 

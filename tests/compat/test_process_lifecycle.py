@@ -29,8 +29,9 @@ import pytest
 from bridge.rpc.redact import register_secret
 from compat.acp.session import AcpSession
 from compat.base import TurnOutcome
-from compat.process.child import AgentProcess, spawn
+from compat.process.child import AgentProcess
 from compat.process.env import child_env, cut_tail
+from compat.process.spawn import spawn
 
 from .conftest import AgentFactory, RecordingSink, process_alive, turn_request, wait_gone, wait_log
 
