@@ -112,6 +112,6 @@ TURN_ERROR_CODES: dict[str, str] = {
     "PROFILE_TIMEOUT": "The exec profile ran longer than timeout_secs; its process group was ended.",
     "KNOWLEDGE_SOURCES_FAILED": "Every selected knowledge source failed; the runtime was not called.",
     "RUNTIME_FAILED": "The knowledge runtime (an OpenAI-compatible model) failed; evidence is kept.",
-    "CANCELLED": "The turn was cancelled by session.cancel or session.close.",
+    "CANCELLED": "The turn was cancelled (or its session closed) before it started.",
     "INTERNAL_ERROR": "The bridge failed unexpectedly; see its log.",
 }

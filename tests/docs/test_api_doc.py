@@ -121,3 +121,23 @@ def test_turn_error_table_matches_the_code():
 
 def test_the_methods_table_lists_exactly_the_registrys_methods_in_order():
     assert [row[0] for row in table("methods")] == [spec.name for spec in METHODS]
+
+
+def test_the_architecture_pages_turn_table_is_the_machines():
+    """docs/architecture.md shows the turn state machine's table; it must be the code's."""
+    from orchestrator.machine import TRANSITIONS, Trigger, TurnState
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = page.split("| state | trigger → next state |", 1)[1].split("\n\n", 1)[0]
+    documented: dict[TurnState, dict[Trigger, TurnState]] = {}
+    for row in block.splitlines()[2:]:
+        state_cell, arrows = (cell.strip() for cell in row.strip("|").split("|"))
+        row_table = documented.setdefault(TurnState[state_cell], {})
+        for part in arrows.split(";"):
+            if "→" not in part:
+                continue  # "nothing: a turn never ends twice"
+            triggers, target = part.split("→")
+            target = re.sub(r"\(.*?\)", "", target).strip()
+            for name in triggers.split(","):
+                row_table[Trigger(name.strip())] = TurnState[target]
+    assert documented == TRANSITIONS
