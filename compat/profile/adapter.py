@@ -143,6 +143,7 @@ class ProfileAdapter:
             timeout=min(profile.timeout_secs, self.timeouts.turn_timeout),
             send_error_reply=profile.send_error_reply,
             include_stderr=profile.include_stderr_in_reply,
+            name=self.info.provider_id,
         )
 
     def _cwd(self, request: TurnRequest, values: dict[str, str]) -> str:
@@ -152,11 +153,19 @@ class ProfileAdapter:
         return str(path if path.is_absolute() else self.profile_dir / path)
 
 
+LINE_BUFFERED_ENV = {"PYTHONUNBUFFERED": "1"}
+"""Set for every profile run unless its ``env`` says otherwise: a Python profile's ``print`` to a
+pipe is block-buffered, so without it every ``AGENT_PARTIAL:`` of a turn arrived at once when the
+script exited. (Node writes pipes synchronously; Ruby scripts are started with ``STDOUT.sync``;
+other runtimes: docs/api.md "Exec profiles".)"""
+
+
 def _profile_env(profile_env: dict[str, str], values: dict[str, str]) -> dict[str, str]:
-    """The allow-listed environment plus the profile's ``env`` (placeholders filled), never the
-    bridge's own tokens. Only values under secret-looking names are registered with the redactor
-    (at adapter creation): profile env often holds flags (``MODE: fast``) that must stay readable."""
-    env = child_env()
+    """The allow-listed environment, :data:`LINE_BUFFERED_ENV`, and the profile's ``env``
+    (placeholders filled), never the bridge's own tokens. Only values under secret-looking names
+    are registered with the redactor (at adapter creation): profile env often holds flags
+    (``MODE: fast``) that must stay readable."""
+    env = {**child_env(), **LINE_BUFFERED_ENV}
     env.update({name: fill_placeholders(value, values) for name, value in profile_env.items()})
     for name in ENV_NEVER:
         env.pop(name, None)

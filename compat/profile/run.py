@@ -56,6 +56,7 @@ from compat.settings import Limits
 logger = logging.getLogger(__name__)
 
 End = Literal["exit", "timeout", "limit", "line"]
+STDERR_HINT = "its stderr is in the bridge's log; set include_stderr_in_reply: true to see it here"
 
 
 class Launch(msgspec.Struct, frozen=True):
@@ -70,6 +71,7 @@ class Launch(msgspec.Struct, frozen=True):
     timeout: float  # seconds
     send_error_reply: bool
     include_stderr: bool
+    name: str = "profile"  # the profile's id, for the log
 
 
 class ProfileRun:
@@ -173,7 +175,9 @@ class ProfileRun:
 
     def _apply(self, event: ParsedEvent, launch: Launch) -> None:
         if isinstance(event, Partial):
-            if launch.streaming and self._end is None:
+            if self._failure is not None:  # the turn has failed: what follows is not its answer
+                logger.debug("profile partial after AGENT_ERROR dropped (%d chars)", len(event.text))
+            elif launch.streaming and self._end is None:
                 self._streamed.append(self._emit(event.text))
         elif isinstance(event, Body):
             self._add_body(event)
@@ -227,6 +231,8 @@ class ProfileRun:
             error = TurnError("OUTPUT_LIMIT", f"the profile's output passed {name} ({limit} bytes)", {name: limit})
             return self._with_session(TurnOutcome("failed", error=error))
         code = proc.returncode
+        if self._failure is not None or code != 0:
+            self._log_failure(proc, launch)
         if self._failure is not None:
             data = {"exitCode": code} if code is not None else None
             error = TurnError("PROFILE_ERROR", self._failure or "the profile failed", data)
@@ -253,7 +259,17 @@ class ProfileRun:
             tail = proc.stderr_tail(self._limits.client_stderr_tail_bytes)
             data["stderrTail"] = tail
             message += f"\n--- stderr ---\n{tail}" if tail else ""
+        elif proc.stderr_bytes:
+            message += f" ({STDERR_HINT})"
+            data["hint"] = STDERR_HINT
         return TurnError("PROFILE_EXIT", message, data)
+
+    def _log_failure(self, proc: AgentProcess, launch: Launch) -> None:
+        """A failed run's stderr tail (redacted) in the bridge's log: a traceback is usually
+        where the reason is, and the client sees it only with ``include_stderr_in_reply``."""
+        tail = proc.stderr_tail(self._limits.client_stderr_tail_bytes)
+        if tail.strip():
+            logger.warning("profile %s failed (exit %s); its stderr ends:\n%s", launch.name, proc.returncode, tail)
 
     def _with_session(self, outcome: TurnOutcome) -> TurnOutcome:
         parser = self._launch.parser if self._launch is not None else None

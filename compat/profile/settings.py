@@ -24,6 +24,8 @@ from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsErro
 
 TSX_VERSION = "4.23.15"  # keep in step with scripts/install-profile-tools.sh
 CLAUDE_CLI = "node_modules/@anthropic-ai/claude-agent-sdk/cli.js"
+RUBY_LINE_BUFFERED = "STDOUT.sync = true; STDERR.sync = true; $0 = ARGV.shift; load($0)"
+"""How a ``.rb`` profile is started: its output line by line, ``$0`` and ``ARGV`` as usual."""
 RUNTIMES: Mapping[str, str] = {
     ".py": "python3",
     ".js": "node",
@@ -335,4 +337,6 @@ def resolve_runtime(
             reason = "is not executable (and its extension names no runtime)"
             raise ProfileConfigError(f"{where}.script: {str(script)!r} {reason}")
         return [str(script)]
+    if runtime == "ruby":  # Ruby block-buffers a pipe: partials would arrive in one burst at exit
+        return [_runtime(runtime, f"{where}.script"), "-e", RUBY_LINE_BUFFERED, str(script)]
     return [_runtime(runtime, f"{where}.script"), str(script)]

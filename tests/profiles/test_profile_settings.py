@@ -198,3 +198,22 @@ def test_probe_cheap_reports_what_is_missing(tmp_path: Path) -> None:
     probe = adapter.probe_cheap()
     assert probe.status == "not_found" and probe.detail.startswith("profiles.bot.script:")
     assert os.path.isabs(str(adapter.profile_dir))
+
+
+def test_a_ruby_profile_is_started_with_its_output_line_buffered(tmp_path, monkeypatch) -> None:
+    """Ruby block-buffers a pipe: the bridge starts ``.rb`` scripts with ``STDOUT.sync = true``."""
+    import compat.profile.settings as settings
+
+    (tmp_path / "bot.rb").write_text("puts 'AGENT_PARTIAL:\"hi\"'\n")
+    monkeypatch.setattr(settings.shutil, "which", lambda name: f"/usr/bin/{name}")
+    profile = settings.parse_profile("profiles.rb", {"script": "bot.rb"})
+    argv = settings.resolve_runtime(profile, tmp_path)
+    assert argv == ["/usr/bin/ruby", "-e", settings.RUBY_LINE_BUFFERED, str(tmp_path / "bot.rb")]
+    assert "STDOUT.sync = true" in settings.RUBY_LINE_BUFFERED and "load($0)" in settings.RUBY_LINE_BUFFERED
+
+
+def test_every_profile_run_asks_python_for_line_buffered_output() -> None:
+    from compat.profile.adapter import LINE_BUFFERED_ENV, _profile_env
+
+    assert _profile_env({}, {})["PYTHONUNBUFFERED"] == "1" == LINE_BUFFERED_ENV["PYTHONUNBUFFERED"]
+    assert _profile_env({"PYTHONUNBUFFERED": ""}, {})["PYTHONUNBUFFERED"] == ""  # the profile's env wins

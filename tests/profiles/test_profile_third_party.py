@@ -61,7 +61,8 @@ async def test_agentproc_sdk_errors_map_to_profile_error_and_profile_exit(make_p
     assert outcome.error.code == "PROFILE_ERROR" and outcome.error.message == "the model refused"
     assert "".join(deltas(sink)) == "the model refused"
     outcome, sink = await run_turn(session, "crash")  # the SDK prints the exception on stderr, exits 1
-    assert outcome.error.code == "PROFILE_EXIT" and outcome.error.data == {"exitCode": 1}
+    assert outcome.error.code == "PROFILE_EXIT" and outcome.error.data["exitCode"] == 1
+    assert "include_stderr_in_reply" in outcome.error.data["hint"]  # the SDK wrote the reason on stderr
 
 
 async def test_an_agentproc_sdk_profile_with_streaming_off_replies_with_its_body(make_profile: ProfileFactory) -> None:

@@ -16,6 +16,7 @@ import pytest
 from compat.base import TurnOutcome
 from compat.profile.adapter import ProfileAdapter, ProfileSession
 from compat.profile.protocol import ENV_MESSAGE_MAX_BYTES
+from compat.profile.run import STDERR_HINT
 
 from .conftest import ProfileFactory, RecordingSink, deltas, group_members, pids_in, request, run_turn, wait_gone
 
@@ -125,8 +126,9 @@ async def test_agent_error_fails_the_turn_with_profile_error_and_replies_with_it
 async def test_non_zero_exit_is_profile_exit_without_stderr_unless_asked(make_profile: ProfileFactory) -> None:
     outcome, sink = await run_turn(make_profile.modes("exit").open_session("s1"))
     assert outcome.status == "failed" and outcome.error.code == "PROFILE_EXIT"
-    assert outcome.error.data == {"exitCode": 3} and "it broke" not in outcome.error.message
-    assert "".join(deltas(sink)) == "the profile exited with code 3\n--- stdout ---\nsome stdout"
+    assert outcome.error.data == {"exitCode": 3, "hint": STDERR_HINT} and "it broke" not in outcome.error.message
+    assert "include_stderr_in_reply" in outcome.error.message
+    assert "".join(deltas(sink)) == f"the profile exited with code 3 ({STDERR_HINT})\n--- stdout ---\nsome stdout"
 
     outcome, sink = await run_turn(make_profile.modes("exit", include_stderr_in_reply=True).open_session("s2"))
     assert outcome.error.data["exitCode"] == 3 and outcome.error.data["stderrTail"] == "trace: it broke\n"
@@ -381,3 +383,35 @@ async def test_profile_env_cannot_hand_out_the_bridge_token_and_plain_values_sta
     env = _body(sink)
     assert "BRIDGE_AUTH_TOKEN" not in env and env["GREETING"] == "plainword"
     assert redact("a plainword") == "a plainword"
+
+
+# ---- what a new user's profile does ------------------------------------------------------------
+
+
+async def test_a_python_profile_that_does_not_flush_still_streams_each_partial_at_once(
+    make_profile: ProfileFactory, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    session = make_profile.modes("unflushed", env={"GATE_FILE": str(gate)}).open_session("s1")
+    turn = Turn(session)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(turn)
+        await turn.sink.wait_for(lambda s: deltas(s) == ["first"], timeout=20)  # while it still runs
+        assert not turn.done.is_set()
+        gate.touch()
+    assert (await turn.wait()).status == "completed" and deltas(turn.sink) == ["first", " second"]
+
+
+async def test_partials_after_agent_error_are_not_streamed(make_profile: ProfileFactory) -> None:
+    outcome, sink = await run_turn(make_profile.modes("error-then-partial", send_error_reply=False).open_session("s1"))
+    assert outcome.error.code == "PROFILE_ERROR" and deltas(sink) == ["working"]
+
+
+async def test_a_profile_that_raises_logs_its_traceback_and_says_where_it_is(
+    make_profile: ProfileFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="compat.profile.run"):
+        outcome, _ = await run_turn(make_profile.modes("raises").open_session("s1"))
+    assert outcome.error.code == "PROFILE_EXIT" and "include_stderr_in_reply" in outcome.error.message
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Traceback" in logged and "the profile broke here" in logged

@@ -69,6 +69,18 @@ elif MODE == "grandchild":  # answers and exits, leaving a grandchild that holds
     partial("hi")
     line("AGENT_SESSION:s1")
     line("ok")
+elif MODE == "unflushed":  # prints as most scripts do, no flush, then waits for GATE_FILE
+    print("AGENT_PARTIAL:" + json.dumps("first"))
+    while not os.path.exists(os.environ["GATE_FILE"]):
+        time.sleep(0.01)
+    print("AGENT_PARTIAL:" + json.dumps(" second"))
+elif MODE == "error-then-partial":  # fails, then goes on streaming
+    partial("working")
+    line("AGENT_ERROR:" + json.dumps("it failed"))
+    partial(" and more")
+elif MODE == "raises":  # an uncaught exception: the traceback goes to stderr
+    partial("about to")
+    raise RuntimeError("the profile broke here")
 elif MODE == "gate":  # streams, then waits for GATE_FILE to exist
     record(os.getpid())
     partial("started")
