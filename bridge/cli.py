@@ -1,7 +1,9 @@
 """The ``xworkmate-bridge`` command line (docs/api.md "Command line").
 
 Exit codes for ``call`` and ``chat``: 0 success, 1 a JSON-RPC error or a failed turn, 2 a transport
-or configuration error. ``call`` prints one JSON envelope per line; ``chat`` prints the agent's text
+or configuration error. For ``serve`` and ``acp-stdio``: 0 stopped (SIGTERM, SIGINT, end of
+input), 2 a configuration error (a public address with no token included), 3 ``serve`` cannot
+listen on its address (in use, not local, not permitted), 130 interrupted before it started. ``call`` prints one JSON envelope per line; ``chat`` prints the agent's text
 live and then one summary line.
 """
 
@@ -82,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     pause_gc_for_start()  # until the lifespan's freeze_heap
     from bridge.auth import check_exposure
-    from bridge.server import run
+    from bridge.server import listen, run
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.allow_insecure_no_auth:
@@ -90,9 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     _setup_logging(config.log_level)
     check_exposure(config)
-    app = build_app(config)
-    log.info("xworkmate-bridge %s listening on http://%s:%s", __version__, config.host, config.port)
-    run(config, app)
+    sockets = listen(config.host, config.port)  # before anything starts: a port in use fails here
+    run(config, build_app(config), sockets=sockets)
     return 0
 
 
@@ -359,18 +360,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as exc:
-        if _is_transport_error(exc):
+        if code := _exit_code(exc):
             print(f"xworkmate-bridge: {exc}", file=sys.stderr)
-            return 2
+            return code
         raise
 
 
-def _is_transport_error(exc: Exception) -> bool:
-    """``bridge.client.TransportError``, imported only when a command failed: the client pulls in
-    httpx, ~30 ms that ``serve`` does not need (bench case 6)."""
+def _exit_code(exc: Exception) -> int | None:
+    """2 for ``bridge.client.TransportError``, 3 for ``bridge.server.ListenError``, else None.
+
+    Both modules are imported only when a command failed: the client pulls in httpx (~30 ms that
+    ``serve`` does not need, bench case 6), the server uvicorn (which ``call`` does not need).
+    """
+    if "bridge.server" in sys.modules:
+        from bridge.server import ListenError
+
+        if isinstance(exc, ListenError):
+            return 3
     from bridge.client import TransportError
 
-    return isinstance(exc, TransportError)
+    return 2 if isinstance(exc, TransportError) else None
 
 
 if __name__ == "__main__":

@@ -4,12 +4,17 @@ uvicorn enforces the WebSocket frame limit (close 1009 over ``limits.max_message
 keep-alive pings that drop dead sockets (``ws_ping_interval`` / ``ws_ping_timeout``, seconds).
 SIGTERM and SIGINT shut down gracefully and the process exits 0.
 
+The listening sockets are bound by :func:`listen` before anything starts, so a port in use fails
+at once with :class:`ListenError` (``serve`` exits 3) instead of after the orchestrator has
+started, and "listening on …" is logged only once uvicorn serves on them.
+
 Imports ``bridge.*`` and uvicorn only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import logging
 import signal
@@ -20,12 +25,59 @@ from collections.abc import Generator, Sequence
 import uvicorn
 from starlette.types import ASGIApp
 
+from bridge import __version__
 from bridge.auth import check_exposure
 from bridge.config import BridgeConfig
 
 GRACEFUL_SHUTDOWN_TIMEOUT = 10
 """Seconds uvicorn waits for open requests and sockets on shutdown before cancelling them."""
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+log = logging.getLogger("xworkmate_bridge")
+
+
+class ListenError(OSError):
+    """The bridge cannot listen on its address; the message is one line naming the address and
+    the reason (``cannot listen on 127.0.0.1:8787: address already in use (is another bridge
+    running?)``)."""
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Bind and listen on ``host:port``: one socket per address ``host`` resolves to (``localhost``:
+    127.0.0.1 and ::1), as ``loop.create_server(host=..., port=...)`` would bind them.
+
+    uvicorn binds only after the lifespan has started the orchestrator and, on failure, logs
+    the errno text and calls ``sys.exit`` itself; binding here first makes a port conflict one
+    clear line before anything starts. ``port`` 0 picks a free port (the same one for every
+    address, as asyncio does).
+
+    Raises:
+        ListenError: the address is in use, not local, or not permitted.
+    """
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # so ::1 does not also claim 127.0.0.1's port
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(2048)  # uvicorn's default backlog
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        hint = " (is another bridge running?)" if exc.errno == errno.EADDRINUSE else ""
+        raise ListenError(f"cannot listen on {where}: {reason}{hint}") from None
+    return sockets
 
 
 class _DeniedUpgradeIsNotAnError(logging.Filter):
@@ -74,6 +126,14 @@ class BridgeServer(uvicorn.Server):
     (status 143); the bridge has already stopped cleanly and should exit 0.
     """
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            for sock in sockets or ():
+                host, port = sock.getsockname()[:2]
+                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+                log.info("xworkmate-bridge %s listening on %s", __version__, url)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         if threading.current_thread() is not threading.main_thread():
@@ -93,20 +153,24 @@ async def serve(config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.
     Args:
         config: the bridge configuration.
         app: usually ``create_app(config, dispatcher, lifespan=...)``.
-        sockets: already-bound listening sockets (tests); default: bind ``config.host:port``.
+        sockets: listening sockets (from :func:`listen`); default: ``listen(config.host, config.port)``.
 
     Raises:
         ExposureError: non-loopback bind with no token and no ``allowInsecureNoAuth``.
+        ListenError: see :func:`listen`.
     """
     check_exposure(config)
-    await BridgeServer(uvicorn_config(config, app)).serve(sockets=list(sockets) if sockets else None)
+    sockets = list(sockets) if sockets else listen(config.host, config.port)
+    await BridgeServer(uvicorn_config(config, app)).serve(sockets=sockets)
 
 
-def run(config: BridgeConfig, app: ASGIApp) -> None:
+def run(config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.socket] | None = None) -> None:
     """Blocking ``serve`` on a new event loop (uvloop when installed); returns after shutdown.
 
     Raises:
         ExposureError: as ``serve``; raised before anything binds.
+        ListenError: as ``serve``.
     """
     check_exposure(config)
-    BridgeServer(uvicorn_config(config, app)).run()
+    sockets = list(sockets) if sockets else listen(config.host, config.port)
+    BridgeServer(uvicorn_config(config, app)).run(sockets=sockets)

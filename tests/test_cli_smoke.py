@@ -38,7 +38,8 @@ def test_serve_answers_ping_and_exits_0_on_sigterm(tmp_path):
     )
     try:
         for line in proc.stderr:
-            if "Uvicorn running on" in line:
+            if "listening on" in line:
+                assert f"http://127.0.0.1:{port}" in line
                 break
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ping", timeout=10) as response:
             body = json.loads(response.read())
@@ -48,6 +49,38 @@ def test_serve_answers_ping_and_exits_0_on_sigterm(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_port_in_use_is_one_clear_line_and_exit_code_3(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "XWORKMATE_AGENTS_DIR": str(tmp_path / "none")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=30,
+        )
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        f"xworkmate-bridge: cannot listen on 127.0.0.1:{port}: address already in use (is another bridge running?)"
+    ]  # nothing started, nothing claimed to listen
+
+
+def test_an_address_that_is_not_local_is_exit_code_3(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--host", "192.0.2.1", "--port", "0", "--allow-insecure-no-auth"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines()[-1] == "xworkmate-bridge: cannot listen on 192.0.2.1:0: cannot assign requested address"
 
 
 def test_serve_refuses_a_public_address_without_a_token(tmp_path):
