@@ -202,6 +202,7 @@ class AgentProcess:
                 except anyio.ClosedResourceError:  # terminate gave up waiting for us
                     break
         self._reading = None
+        self._unwatch(fd)  # a pipe at EOF stays readable: watched, it would wake the loop on every pass
         self._drain(self._stdout, self._deliver)  # the leader exited: take what the pipe still holds
         for line in self._lines.finish():
             self._line(line)
@@ -247,6 +248,7 @@ class AgentProcess:
             self._tail.add(data)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("pid %d stderr: %s", self.pid, redact(data[:300].decode("utf-8", "replace")))
+        self._unwatch(fd)  # see _read_stdout
         await anyio.sleep_forever()  # EOF: the task group ends when stdout does
 
     async def _watch_exit(self) -> None:
@@ -408,14 +410,17 @@ class AgentProcess:
         readable = self._watched[fd] = _Readable(fd)
         return readable
 
+    def _unwatch(self, fd: int) -> None:
+        watched = self._watched.pop(fd, None)
+        if watched is not None:
+            watched.close()
+
     def _close_reads(self) -> None:
         for name in ("_stdout", "_stderr"):
             fd = getattr(self, name)
             if fd is not None:
                 setattr(self, name, None)
-                watched = self._watched.pop(fd, None)
-                if watched is not None:
-                    watched.close()
+                self._unwatch(fd)
                 _close(fd)
 
 

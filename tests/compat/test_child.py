@@ -259,3 +259,28 @@ def test_new_session_follows_the_controlling_terminal(with_terminal: bool) -> No
                 os.close(fd)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(with_terminal)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_pipe_the_child_closed_is_no_longer_watched(loop_name: str) -> None:
+    """A pipe at EOF stays readable for good: still watched, it would wake the event loop on every
+    pass (100% CPU for as long as the agent lives, which a closed stderr makes its whole life)."""
+    script = "import os, sys, time; os.close(2); print('closed', flush=True); os.close(1); time.sleep(60)"
+
+    async def main() -> list[int]:
+        process = await start(script)
+        try:
+            async with anyio.create_task_group() as tg:
+                lines: list[bytes] = []
+                tg.start_soon(process.run, lines.append)
+                with anyio.fail_after(WAIT):
+                    while not lines or process._watched:  # both pipes reached EOF while the leader lives
+                        await anyio.sleep(0.01)
+                assert lines == [b"closed"] and process.returncode is None
+                watched = list(process._watched)
+                tg.cancel_scope.cancel()
+        finally:
+            await process.terminate(0.5)
+        return watched
+
+    assert run_on(loop_name, main) == []
