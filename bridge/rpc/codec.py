@@ -90,7 +90,8 @@ def loads(data: bytes | str, *, untrusted: bool = False) -> Any:
             (:func:`scrub`) so nothing downstream holds a lone surrogate, and integers past 64
             bits may come back as floats (only a client's ``id`` must round-trip exactly; an
             agent's lines, nanosecond timestamps in their text included, skip the scan for them:
-            bench case 4, 11% of the event loop with it).
+            bench case 4, 11% of the event loop with it). Bytes that are not UTF-8 become U+FFFD
+            (field-failures.md: one bad byte must not cost the line, a prompt answer included).
 
     Raises:
         ParseError: -32700, not JSON (or nested past the interpreter's stack).
@@ -103,7 +104,9 @@ def loads(data: bytes | str, *, untrusted: bool = False) -> Any:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass  # maybe a lone surrogate or 1e400: the stdlib decides
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    raw: bytes | str = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if untrusted and isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
     try:
         value = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError) as exc:

@@ -19,9 +19,9 @@ import re
 from typing import Any
 
 import msgspec
-import orjson
 
-from bridge.rpc.codec import cut_utf8, scrub
+from bridge.rpc.codec import cut_utf8, loads, scrub
+from bridge.rpc.errors import ParseError
 from compat.base import ThoughtDelta, ToolCallEvent, TurnEvent, TurnRequest, UsageEvent
 
 logger = logging.getLogger(__name__)
@@ -212,8 +212,8 @@ class ClaudeStreamParser:
 
     def feed(self, line: bytes) -> list[ParsedEvent]:
         try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            message = loads(line, untrusted=True)  # bytes that are not UTF-8 become U+FFFD
+        except ParseError:
             logger.debug("claude-code: ignoring a non-JSON stdout line (%d bytes)", len(line))
             return []
         if not isinstance(message, dict):

@@ -242,6 +242,17 @@ async def test_a_lone_surrogate_in_the_prompt_results_meta_does_not_break_the_tu
     assert result.status == "completed" and result.usage["inputTokens"] == 10
 
 
+async def test_bytes_that_are_not_utf8_cost_neither_the_chunk_nor_the_prompt_answer(make_agent: AgentFactory) -> None:
+    """A Latin-1 byte in a line once dropped the whole line: a chunk vanished, and a prompt answer
+    carrying one left the turn waiting for ``turnTimeout``."""
+    orch = await make_agent.orchestrator("bad-utf8")
+    client = Client()
+    with anyio.fail_after(WAIT):
+        result = await orch.run_turn(turn("hi"), "local", client, start=True)
+    assert result.status == "completed" and result.usage["inputTokens"] == 10
+    assert client.text == "a\ufffd\ufffdb"
+
+
 async def test_an_agent_killed_while_its_permission_request_waits_fails_the_turn_and_drops_it(
     make_agent: AgentFactory,
 ) -> None:

@@ -38,6 +38,8 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     surrogate        a chunk and the prompt result's _meta carry a lone UTF-16 surrogate, as
                      Node agents write when they cut a string ("\ud83d")
     between-turns    20 ms after answering the prompt: a current_mode_update (between turns)
+    bad-utf8         a chunk and the prompt result's _meta carry bytes that are not UTF-8
+                     ("a\xff\xfeb", "caf\xe9", as a Latin-1 tool output gives them)
 
 Every received message and notable event is appended to ``--log`` (JSON lines with our pid).
 """
@@ -97,6 +99,14 @@ class FakeAgent:
                 sys.stdout.flush()
             except (BrokenPipeError, ValueError):
                 os._exit(0)
+
+    def write_bad_utf8(self, message: dict) -> None:
+        """``message`` with each ``@BAD@`` in its JSON text replaced by bytes that are not UTF-8."""
+        data = json.dumps(message).encode().replace(b"@BAD1@", b"a\xff\xfeb").replace(b"@BAD2@", b"caf\xe9")
+        with self.lock:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.buffer.flush()
 
     def log(self, **event: object) -> None:
         if self.log_path:
@@ -310,7 +320,11 @@ class FakeAgent:
         if "unterminated" in self.modes:
             self.write(result, newline=False)
             os._exit(0)
-        self.write(result)
+        if "bad-utf8" in self.modes:
+            meta["note"] = "@BAD2@"
+            self.write_bad_utf8(result)
+        else:
+            self.write(result)
         if "late-chunk" in self.modes:
             time.sleep(0.02)
             self.chunk(sid, "late")
@@ -362,6 +376,11 @@ class FakeAgent:
             return self.unknown_requests(sid)
         if "surrogate" in modes:
             self.chunk(sid, "smile \ud83d")  # cut inside the surrogate pair of U+1F600
+            return "end_turn"
+        if "bad-utf8" in modes:
+            content = {"type": "text", "text": "@BAD1@"}
+            params = {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk", "content": content}}
+            self.write_bad_utf8({"jsonrpc": "2.0", "method": "session/update", "params": params})
             return "end_turn"
         if "bigline" in modes:
             content = [{"type": "content", "content": {"type": "text", "text": "b" * 100 * KIB}}]

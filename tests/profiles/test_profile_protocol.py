@@ -196,3 +196,15 @@ def test_a_claude_error_result_fails_the_turn_and_junk_lines_are_ignored() -> No
     assert parser.feed(b"not json") == [] and parser.feed(b"[1]") == []
     events = _feed(parser, {"type": "result", "subtype": "error_during_execution", "is_error": True, "result": ""})
     assert events == [ProfileFailed("error_during_execution")]
+
+
+def test_claude_stream_json_line_with_bytes_that_are_not_utf8_is_kept() -> None:
+    parser = ClaudeStreamParser()
+    line = orjson.dumps(
+        {
+            "type": "stream_event",
+            "parent_tool_use_id": None,
+            "event": {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "@"}},
+        }
+    ).replace(b"@", b"caf\xe9")
+    assert parser.feed(line) == [Partial(text="caf\ufffd")]
