@@ -80,7 +80,10 @@ def test_an_address_that_is_not_local_is_exit_code_3(tmp_path):
         timeout=30,
     )
     assert done.returncode == 3
-    assert done.stderr.strip().splitlines()[-1] == "xworkmate-bridge: cannot listen on 192.0.2.1:0: cannot assign requested address"
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == "xworkmate-bridge: cannot listen on 192.0.2.1:0: cannot assign requested address"
+    )
 
 
 def test_serve_refuses_a_public_address_without_a_token(tmp_path):
