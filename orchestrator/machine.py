@@ -9,7 +9,7 @@ or raises. Nothing else assigns a turn's state.
       │                  └───cancel/close/shutdown/output_limit───┤
       │                                      ▼                    │
       │                                 CANCELLING ──result/stopped─┘
-      └──cancel/close/shutdown──▶ ENDED (cancelled before it started)
+      └──cancel/close/shutdown/refuse──▶ ENDED (never started)
 
 - STARTING: the turn has its slots and a ``turnId``; the provider prepares (spawns the agent,
   opens its session). RUNNING: the provider reported it began the work (ACP: prompt sent).
@@ -47,11 +47,12 @@ class Trigger(enum.Enum):
     CANCEL = "cancel"  # session.cancel (Orchestrator.cancel)
     CLOSE = "close"  # session.close: no grace (Orchestrator.close)
     SHUTDOWN = "shutdown"  # the bridge is stopping: no grace (Orchestrator.__aexit__)
-    OUTPUT_LIMIT = "output_limit"  # the output passed maxOutputBytes (Turn.emit)
-    TIMEOUT = "timeout"  # turnTimeout ran out; the provider was cut off (Turn.run)
+    OUTPUT_LIMIT = "output_limit"  # the output passed maxOutputBytes (Turn._text)
+    TIMEOUT = "timeout"  # turnTimeout ran out; the provider was cut off (Turn._finish)
     RESULT = "result"  # the provider returned its outcome (Turn.run)
     STOPPED = "stopped"  # the provider was cut off after a stop was asked (Turn.run)
     CRASH = "crash"  # the bridge failed unexpectedly inside the turn (Turn.run)
+    REFUSE = "refuse"  # the provider refused the turn's params before it ran (Orchestrator.run_turn)
     FINISHED = "finished"  # the done update is published and the result built (Turn.run)
 
 
@@ -66,6 +67,7 @@ TRANSITIONS: dict[TurnState, dict[Trigger, TurnState]] = {
         T.CLOSE: S.ENDED,
         T.SHUTDOWN: S.ENDED,
         T.CRASH: S.ENDED,
+        T.REFUSE: S.ENDED,
     },
     S.STARTING: {
         T.BEGIN: S.RUNNING,

@@ -93,6 +93,7 @@ class Orchestrator:
         self.running = anyio.Semaphore(limits.max_running_turns)
         self.sessions = SessionTable(limits.max_sessions, limits.max_queued_turns, self._forgotten)
         self._tg: TaskGroup | None = None
+        self._closing = False  # set once __aexit__ began: no new turn runs
         self._capabilities: tuple[Any, CapabilitiesResult] | None = None
 
     @property
@@ -124,6 +125,7 @@ class Orchestrator:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         assert self._tg is not None
+        self._closing = True  # turns admitted from now on do not run
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
                 turns = [turn for session in self.sessions for turn in session.turns]
@@ -256,10 +258,13 @@ class Orchestrator:
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
         except BaseException:
-            session.release(turn)
+            turn.withdraw(Trigger.REFUSE)  # close and shutdown wait for every admitted turn's end
             raise
         assert self._tg is not None, "use the Orchestrator as an async context manager"
-        self._tg.start_soon(turn.run)
+        if self._closing:  # the bridge began to stop: the turn ends as cancelled before it started
+            turn.withdraw(Trigger.SHUTDOWN)
+        else:
+            self._tg.start_soon(turn.run)
         await turn.ended.wait()
         assert turn.result is not None
         return turn.result

@@ -221,11 +221,22 @@ class Turn:
         self._outcome = await self.provider.run_turn(request, self)
         self.fire(Trigger.RESULT)
 
+    def withdraw(self, trigger: Trigger) -> None:
+        """End a turn whose task never started: ``refuse`` (its params were refused) or
+        ``shutdown`` (the bridge began to stop before it could run). Sets :attr:`ended`."""
+        if self.machine.allows(trigger):
+            self.fire(trigger)
+        self._finish()
+
     def _finish(self) -> None:
         """After the scope: decide the end, publish ``done``, build the result, give up the slot."""
         state = self.machine.state
         if state in (TurnState.STARTING, TurnState.RUNNING):
-            self.fire(Trigger.TIMEOUT)  # the scope's deadline, turnTimeout, cut the provider off
+            if anyio.current_time() >= self._scope.deadline:
+                self.fire(Trigger.TIMEOUT)  # the scope's deadline, turnTimeout, cut the provider off
+            else:  # cut off from outside: the task group that runs turns is being cancelled
+                self.fire(Trigger.SHUTDOWN)
+                self.fire(Trigger.STOPPED)
         elif state is TurnState.CANCELLING:
             self.fire(Trigger.STOPPED)
         try:

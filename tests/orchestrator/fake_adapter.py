@@ -6,6 +6,7 @@ from typing import Any
 
 import anyio
 
+from bridge.rpc.errors import InvalidParams
 from compat.base import (
     ProbeResult,
     ProviderInfo,
@@ -108,6 +109,8 @@ class FakeAdapter:
         self.started = anyio.Event()
         self.starting = anyio.Event()
         self.asked = anyio.Event()
+        self.preflighting = anyio.Event()
+        self.gate = anyio.Event()  # a turn with the param "gate" waits for it in preflight
 
     def probe_cheap(self) -> ProbeResult:
         return ProbeResult("ok") if self._available else ProbeResult("not_found", "command not found")
@@ -116,7 +119,11 @@ class FakeAdapter:
         return self.probe_cheap()
 
     async def preflight(self, params: dict[str, Any]) -> None:
-        pass
+        if params.get("gate"):
+            self.preflighting.set()
+            await self.gate.wait()
+            if params["gate"] == "refuse":
+                raise InvalidParams("Invalid params: refused by the provider")
 
     def open_session(self, session_id: str) -> FakeSession:
         session = FakeSession(self)

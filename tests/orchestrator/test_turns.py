@@ -5,19 +5,22 @@ that raises; bridge shutdown; and never a turn with two ends."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
+from msgspec import UNSET
 
-from bridge.rpc.errors import NotFound
+from bridge.rpc.errors import InvalidParams, NotFound
 from compat.settings import Limits, Timeouts
 from orchestrator.models import PermissionParams, TurnParams
 from orchestrator.registry import ProviderRegistry
 from orchestrator.results import TurnResult
 from orchestrator.service import Orchestrator
+from orchestrator.turn import Turn, TurnInput
 from tests.helpers import in_background
 from tests.orchestrator.fake_adapter import FakeAdapter
 
@@ -219,3 +222,84 @@ async def test_no_turn_ends_twice_whatever_ends_it(tmp_path: Path) -> None:
         if result.turn_id is not None:
             assert [d["turnId"] for d in client.dones()] == [result.turn_id]
     assert [r.status for r in results] == ["completed", "failed", "failed", "cancelled", "timeout", "failed"]
+
+
+async def test_a_turn_its_provider_refuses_does_not_hold_up_close(tmp_path: Path) -> None:
+    """The refused turn was admitted (close waits for admitted turns) but never ran: close once
+    waited cancelGrace + 10 s for an end that never came."""
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        refused = anyio.Event()
+
+        async def run() -> None:
+            params = TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "echo a", "gate": "refuse"})
+            with pytest.raises(InvalidParams):
+                await orch.run_turn(params, "local", Client(), start=True)
+            refused.set()
+
+        tg.start_soon(run)
+        with anyio.fail_after(WAIT):
+            await adapter.preflighting.wait()
+        closed = Box()
+
+        async def close() -> None:
+            closed.result = await orch.close("s1", "local")
+            closed.done.set()
+
+        tg.start_soon(close)
+        await anyio.wait_all_tasks_blocked()  # close waits for the admitted turn
+        adapter.gate.set()
+        with anyio.fail_after(2.0):  # far less than cancelGrace (0.5 s) + 10 s
+            await refused.wait()
+            await closed.done.wait()
+        assert closed.result.closed is True
+
+
+async def test_a_turn_asked_for_while_the_bridge_stops_ends_before_it_started(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    results: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        orch_cm = in_background(orchestrator(tmp_path, adapter))
+        orch = await orch_cm.__aenter__()
+        params = TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "echo a", "gate": "pass"})
+        tg.start_soon(functools.partial(orch.run_turn, params, "local", Client(), start=True))  # holds the shutdown
+        with anyio.fail_after(WAIT):
+            await adapter.preflighting.wait()
+
+        async def during_shutdown() -> None:
+            await anyio.wait_all_tasks_blocked()  # __aexit__ waits for s1's turn
+            late = TurnParams.model_validate({"sessionId": "s2", "taskPrompt": "echo b"})
+            results.append(await orch.run_turn(late, "local", Client(), start=True))
+            adapter.gate.set()
+
+        tg.start_soon(during_shutdown)
+        with anyio.fail_after(WAIT):
+            await orch_cm.__aexit__(None, None, None)
+    (late,) = results
+    assert late.status == "cancelled" and late.turn_id is None and late.error.code == "CANCELLED"
+
+
+async def test_a_turn_cut_off_from_outside_is_cancelled_not_timed_out(tmp_path: Path) -> None:
+    """Only the deadline passing is a timeout; the task that runs the turn being cancelled from
+    outside (here: a task group of the test's, not the orchestrator's) is not."""
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch:
+        client = Client()
+        session = orch.sessions.open("s1", "local", "s1")
+        spec = TurnInput(
+            prompt="ignore-cancel",
+            cwd=str(tmp_path),
+            attachments=(),
+            resolution=orch._route("ignore-cancel", None, None),
+            principal="local",
+            start=True,
+            extra={},
+        )
+        turn = Turn(orch, session, spec, client)
+        session.admit(turn, start=True)
+        async with anyio.create_task_group() as outside:
+            outside.start_soon(turn.run)
+            await client.wait_for("delta")
+            outside.cancel_scope.cancel()
+    assert turn.result is not None and turn.result.status == "cancelled" and turn.result.error is UNSET
+    assert [d["status"] for d in client.dones()] == ["cancelled"]
