@@ -29,6 +29,8 @@ class ServiceAdapter(Protocol):
     async def run(self, *, task_status: TaskStatus[None] = ...) -> None: ...
 
 
+ADAPTER_CLOSE_TIMEOUT = 10.0
+"""Seconds an adapter gets to close (its agents' processes end within cancelGrace + kill waits)."""
 FIRST = ("codex", "opencode", "gemini", "hermes")
 
 
@@ -177,7 +179,19 @@ class ProviderRegistry:
                 await tg.start(adapter.run)
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            for adapter in self._adapters.values():
-                with anyio.move_on_after(10):
+        """Close every adapter at once, each within :data:`ADAPTER_CLOSE_TIMEOUT` seconds; never
+        raises (an adapter's failure is logged and the others still close)."""
+
+        async def close(provider_id: str, adapter: ProviderAdapter) -> None:
+            try:
+                with anyio.move_on_after(ADAPTER_CLOSE_TIMEOUT) as scope:
                     await adapter.aclose()
+                if scope.cancelled_caught:
+                    log.warning("provider %s did not close within %g s", provider_id, ADAPTER_CLOSE_TIMEOUT)
+            except Exception:
+                log.exception("provider %s: closing failed", provider_id)
+
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for provider_id, adapter in self._adapters.items():
+                    tg.start_soon(close, provider_id, adapter)

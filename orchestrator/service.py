@@ -359,10 +359,16 @@ class Orchestrator:
             self.sessions.evict_idle(self.timeouts.session_idle_timeout)
 
     async def _end_provider_session(self, session: Session) -> None:
+        """End the session's provider session (its agent process); never raises: it runs in the
+        orchestrator's task group, where an error would cancel every running turn."""
         provider, session.provider_session, session.provider_id = session.provider_session, None, None
-        if provider is not None:
+        if provider is None:
+            return
+        try:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
                 await provider.aclose()
+        except Exception:
+            log.exception("ending the provider session of session %s failed", session.session_id[:80])
 
 
 def resolve_result(resolution: Resolution) -> ResolveResult:

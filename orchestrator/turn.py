@@ -246,6 +246,9 @@ class Turn:
                 if self.machine.state is TurnState.FINISHING:
                     self.fire(Trigger.FINISHED)
                 self.result = self._never_started()
+        except Exception:  # a bug here must not reach the orchestrator's task group
+            log.exception("turn %s on session %s: ending it failed", self.turn_id, self._session.session_id[:80])
+            self.result = self._bare_result("failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log")
         finally:
             self._session.release(self)
             self.ended.set()
@@ -324,15 +327,17 @@ class Turn:
         )
 
     def _never_started(self) -> TurnResult:
-        resolution = self._spec.resolution
         if self.machine.finished_by is Trigger.CRASH:
-            status, code, message = "failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log"
-        else:
-            status, code, message = "cancelled", "CANCELLED", "cancelled before it started"
+            return self._bare_result("failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log")
+        return self._bare_result("cancelled", "CANCELLED", "cancelled before it started")
+
+    def _bare_result(self, status: str, code: str, message: str) -> TurnResult:
+        """A result with no output: the turn never started (no ``turnId``), or ending it failed."""
+        resolution = self._spec.resolution
         return TurnResult(
             success=False,
             status=status,
-            turn_id=None,
+            turn_id=self.turn_id if self._announced else None,
             session_id=self._session.session_id,
             thread_id=self._session.thread_id,
             resolved_execution_target=resolution.resolved_execution_target,

@@ -128,7 +128,10 @@ class AcpConnection:
             self.peer.close(PeerProtocolError("internal error reading the agent's output"))
         finally:
             if isinstance(self.peer.error, PeerProtocolError):
-                await self.process.terminate(KILL_GRACE)
+                try:
+                    await self.process.terminate(KILL_GRACE)
+                except Exception:
+                    logger.exception("pid %d: ending the agent failed", self.process.pid)
 
     @property
     def alive(self) -> bool:

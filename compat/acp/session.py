@@ -352,11 +352,15 @@ class AcpSession:
         return since is not None and anyio.current_time() - since >= self._timeouts.idle_timeout
 
     async def reap_when_idle(self, wake: anyio.Event) -> None:
-        """End the agent process after ``idleTimeout`` seconds with no turn (adapter-hosted)."""
+        """End the agent process after ``idleTimeout`` seconds with no turn. Runs in the
+        adapter's task group, which every session shares: never raises."""
         with anyio.move_on_after(self._timeouts.idle_timeout):
             await wake.wait()
             return
-        async with self._lock:
-            if self._idle_expired() and self._conn is not None:
-                logger.debug("session %s: agent idle, ending it", self.session_id)
-                await self._drop_conn()
+        try:
+            async with self._lock:
+                if self._idle_expired() and self._conn is not None:
+                    logger.debug("session %s: agent idle, ending it", self.session_id)
+                    await self._drop_conn()
+        except Exception:
+            logger.exception("session %s: ending the idle agent failed", self.session_id[:80])

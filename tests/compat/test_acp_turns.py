@@ -265,3 +265,46 @@ async def test_an_agent_killed_while_its_permission_request_waits_fails_the_turn
         result = await box.wait()
     assert result.status == "failed" and result.error.code == "AGENT_EXITED"
     assert orch.sessions.owned("s1", "local").permissions == {}  # nobody can answer it any more
+
+
+async def test_an_idle_reaper_that_fails_disturbs_no_other_session(
+    make_agent: AgentFactory, monkeypatch: Any, caplog: Any
+) -> None:
+    """The idle reaper runs in the adapter's task group, which hosts every agent's pumps: an error
+    there once ended them all."""
+    from compat.acp.session import AcpSession
+
+    orch = await make_agent.orchestrator(timeouts={"idle_timeout": 0.2})
+    reaped = anyio.Event()
+
+    async def broken_drop(self: AcpSession) -> None:
+        reaped.set()
+        raise RuntimeError("a bug while ending an idle agent")
+
+    assert (await orch.run_turn(turn("first", "idle"), "local", Client(), start=True)).status == "completed"
+    monkeypatch.setattr(AcpSession, "_drop_conn", broken_drop)
+    with anyio.fail_after(WAIT):
+        await reaped.wait()
+    monkeypatch.undo()
+    result = await orch.run_turn(turn("second", "other"), "local", Client(), start=True)
+    assert result.status == "completed" and "ending the idle agent failed" in caplog.text
+
+
+async def test_a_failure_while_ending_an_agent_that_broke_the_framing_disturbs_no_other_session(
+    make_agent: AgentFactory, monkeypatch: Any, caplog: Any
+) -> None:
+    from compat.process.child import AgentProcess
+
+    orch = await make_agent.orchestrator("hugeline", limits={"max_agent_line_bytes": 64 * 1024})
+    real_terminate = AgentProcess.terminate
+
+    async def terminate_then_fail(self: AgentProcess, grace: float) -> None:
+        await real_terminate(self, grace)  # the agent still ends: only the error is new
+        raise RuntimeError("a bug while ending the agent")
+
+    monkeypatch.setattr(AgentProcess, "terminate", terminate_then_fail)
+    with anyio.fail_after(WAIT):
+        broken = await orch.run_turn(turn("huge", "s1"), "local", Client(), start=True)
+    monkeypatch.undo()
+    assert broken.status == "failed" and "ending the agent failed" in caplog.text
+    # and the adapter's task group, which hosts every agent's pumps, closes cleanly (the fixture)

@@ -85,6 +85,8 @@ class FakeSession:
             )
             sink.emit(TextDelta(f"option={option}"))
             return TurnOutcome("completed", stop_reason="end_turn")
+        if prompt == "fail-to-close":  # completes; its aclose raises
+            return TurnOutcome("completed", stop_reason="end_turn")
         if prompt == "model":
             return TurnOutcome("completed", resolved_model=request.model)
         sink.emit(TextDelta(prompt))
@@ -99,6 +101,8 @@ class FakeSession:
     async def aclose(self) -> None:
         self.closed = True
         self.cancelled.set()
+        if self.turns and self.turns[-1].prompt == "fail-to-close":
+            raise RuntimeError("a bug in an adapter's aclose")
 
 
 class FakeAdapter:

@@ -303,3 +303,42 @@ async def test_a_turn_cut_off_from_outside_is_cancelled_not_timed_out(tmp_path: 
             outside.cancel_scope.cancel()
     assert turn.result is not None and turn.result.status == "cancelled" and turn.result.error is UNSET
     assert [d["status"] for d in client.dones()] == ["cancelled"]
+
+
+async def test_a_provider_session_that_fails_to_close_disturbs_no_other_turn(tmp_path: Path) -> None:
+    """Forgetting an idle session ends its provider session in the orchestrator's task group: an
+    error there once cancelled every running turn."""
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        harness = Harness(orch, adapter, tg)
+        _, idle = harness.start("fail-to-close", session="idle")
+        assert (await idle.wait()).status == "completed"
+        client, running = harness.start("ask", session="busy")
+        asked = await client.wait_for("permission")
+        assert orch.sessions.evict_idle(older_than=0) == 1  # "idle" is forgotten, its aclose raises
+        await anyio.wait_all_tasks_blocked()
+        answer = {"sessionId": "busy", "requestId": asked["requestId"], "optionId": "yes"}
+        orch.permission(PermissionParams.model_validate(answer), "local")
+        result = await running.wait()
+    assert result.status == "completed" and result.output == "option=yes"
+
+
+async def test_a_failure_while_a_turn_ends_fails_that_turn_only(tmp_path: Path) -> None:
+    """Ending a turn (publishing ``done``, building the result) runs after the turn's own error
+    handling: a bug there once escaped into the orchestrator's task group."""
+    adapter = FakeAdapter()
+
+    class BrokenClient(Client):
+        def __call__(self, method: str, params: dict[str, Any]) -> None:
+            if params["type"] == "done":
+                raise RuntimeError("a bug while sending done")
+            super().__call__(method, params)
+
+    async with in_background(orchestrator(tmp_path, adapter)) as orch:
+        params = TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "echo a"})
+        with anyio.fail_after(WAIT):
+            broken = await orch.run_turn(params, "local", BrokenClient(), start=True)
+            params = TurnParams.model_validate({"sessionId": "s2", "taskPrompt": "echo b"})
+            later = await orch.run_turn(params, "local", Client(), start=True)
+    assert broken.status == "failed" and broken.error.code == "INTERNAL_ERROR" and broken.turn_id is not None
+    assert later.status == "completed"
