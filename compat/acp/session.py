@@ -288,7 +288,9 @@ class AcpSession:
         if self._replaying and kind not in SESSION_STATE_KINDS:
             return  # session/load replays the history: nobody's output now
         turn = self._turn
-        if turn is not None and (self._prompt is not None or turn.opened):
+        if turn is not None and (self._prompt is not None or turn.opened or kind in SESSION_STATE_KINDS):
+            # Session state is the session's, not a turn's output: the current turn streams it
+            # (a model change on a warm turn sends config_option_update before the prompt is out).
             target: _TurnLink | None = turn
         else:
             target = self._last or turn

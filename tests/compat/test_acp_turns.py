@@ -308,3 +308,19 @@ async def test_a_failure_while_ending_an_agent_that_broke_the_framing_disturbs_n
     monkeypatch.undo()
     assert broken.status == "failed" and "ending the agent failed" in caplog.text
     # and the adapter's task group, which hosts every agent's pumps, closes cleanly (the fixture)
+
+
+async def test_session_state_sent_while_the_next_turn_starts_is_streamed_in_that_turn(
+    make_agent: AgentFactory,
+) -> None:
+    """A warm turn that changes the model: the agent's config_option_update comes before the
+    prompt is out, and once went to the previous turn (held back until the turn after)."""
+    orch = await make_agent.orchestrator("configoptions")
+    first = TurnParams.model_validate({**turn("one").model_dump(by_alias=True), "model": "m-default"})
+    assert (await orch.run_turn(first, "local", Client(), start=True)).status == "completed"
+    client = Client()
+    second = TurnParams.model_validate({**turn("two").model_dump(by_alias=True), "model": "m-fast"})
+    result = await orch.run_turn(second, "local", client, start=False)
+    assert result.status == "completed" and result.resolved_model == "m-fast"
+    kinds = [u.get("event") if u["type"] == "status" else u["type"] for u in client.updates]
+    assert "config_option_update" in kinds and kinds.index("config_option_update") < kinds.index("done")

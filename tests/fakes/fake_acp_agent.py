@@ -25,6 +25,7 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     auth             session/new fails -32000 until `authenticate {methodId: "fake-key"}`
     models           session/new returns legacy `models`; accepts session/set_model
     configoptions    session/new returns configOptions (mode + model); accepts set_config_option
+                     (and sends a config_option_update before answering it, as agents do)
     loadsession      advertises loadSession; sessions live in --state so a new process can
                      load (and replay) them
     leak-key         on the prompt: writes $FAKE_API_KEY to stderr, padded so that the last
@@ -285,6 +286,8 @@ class FakeAgent:
             self.error(msg_id, -32602, f"unknown model {params['value']}")
             return
         self.config_model = params["value"]
+        update = {"sessionUpdate": "config_option_update", "configOptions": self.config_options()}
+        self.update(params["sessionId"], update)
         self.result(msg_id, {"configOptions": self.config_options()})
 
     def on_session_set_model(self, msg_id: object, params: dict) -> None:
