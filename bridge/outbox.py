@@ -5,6 +5,11 @@ says the client is too far behind, and the transport drops that client. A byte b
 only a count lets a fast reader absorb a burst of small updates while one slow reader of large
 ones still cannot hold more than ``max_bytes`` of memory. The writer takes everything queued at
 each wake-up, so it keeps up with a turn that relays a full pipe buffer at once.
+
+The bytes counted are those queued *and* those the writer is still sending. An envelope is taken
+while the bytes before it are under ``max_bytes``, so a single envelope larger than the bound (a
+turn's result carries its output twice in the hybrid envelope: up to 2 × ``maxOutputBytes``) still
+reaches a client that reads; memory stays under ``max_bytes`` plus that one envelope.
 """
 
 from __future__ import annotations
@@ -41,31 +46,33 @@ class Outbox:
         ``close`` are ignored (a turn may outlive its connection) and count as accepted."""
         if self._closed:
             return True
-        if len(self._queue) >= self._max_items or self._bytes + len(envelope) > self._max_bytes:
+        if len(self._queue) >= self._max_items or self._bytes >= self._max_bytes:
             return False
         self._queue.append(envelope)
         self._bytes += len(envelope)
         self._wake.set()
         return True
 
-    def take(self) -> list[bytes]:
-        """Everything queued now, oldest first (possibly nothing)."""
-        batch = list(self._queue)
-        self._queue.clear()
-        self._bytes = 0
-        return batch
-
     def close(self) -> None:
         """No more envelopes: the writer drains what is queued, then its iteration ends."""
         self._closed = True
         self._wake.set()
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes queued plus those of the batch the writer is sending."""
+        return self._bytes
+
     async def batches(self) -> AsyncIterator[list[bytes]]:
-        """Everything queued at each wake-up, oldest first; ends once closed and drained."""
+        """Everything queued at each wake-up, oldest first; ends once closed and drained. A batch's
+        bytes count against ``max_bytes`` until the writer asks for the next one (it was sent)."""
         while True:
             while not self._queue:
                 if self._closed:
                     return
                 self._wake = anyio.Event()
                 await self._wake.wait()
-            yield self.take()
+            batch = list(self._queue)
+            self._queue.clear()
+            yield batch
+            self._bytes -= sum(map(len, batch))

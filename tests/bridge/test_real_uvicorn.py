@@ -157,6 +157,24 @@ async def test_a_slow_consumer_is_dropped_without_stalling_another_client(handle
     assert drained < 64 * 1024 * 1024  # bounded: nowhere near the 200 MB it asked for
 
 
+@pytest.mark.parametrize("burst", [False, True], ids=["paced", "burst"])
+async def test_a_result_larger_than_the_queue_bound_reaches_a_client_that_reads(handlers, burst):
+    """A turn's result carries its output twice (``result`` and ``payload``): with output near
+    ``maxOutputBytes`` one envelope passed ``maxConnectionQueueBytes`` and a client reading as fast
+    as it could was dropped (1013) instead of getting its result."""
+    bound = 256 * 1024
+    cfg, app = app_for(handlers, limits={"max_connection_queue_bytes": bound, "max_message_bytes": 4 * bound})
+    big = "r" * (bound // 2 + 1000)  # the echoed envelope holds it twice: past the bound
+    async with real_server(cfg, app) as port:
+        with anyio.fail_after(WAIT):
+            async with connect(f"ws://127.0.0.1:{port}/acp", additional_headers=AUTH, max_size=None) as ws:
+                await ws.send(json.dumps(request("test.stream", {"n": 50, "size": 1024, "burst": burst}, 1)))
+                await ws.send(json.dumps(request("test.echo", {"big": big}, 2)))
+                frames = [json.loads(await ws.recv()) for _ in range(52)]
+    replies = {f["id"]: f for f in frames if "id" in f}
+    assert replies[2]["result"] == {"big": big} and replies[1]["result"] == {"sent": 50}
+
+
 async def test_an_sse_client_that_stops_reading_is_dropped(handlers):
     cfg, app = app_for(handlers, limits={"max_connection_queue": 64})
     body = json.dumps(request("test.stream", {"n": 200_000, "size": 1024}, 1)).encode()
