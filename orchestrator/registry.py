@@ -54,8 +54,9 @@ class ProviderRegistry:
         self._enabled = enabled
         self._interval = probe_interval
         self._cheap: dict[str, tuple[float, ProbeResult]] = {}
-        self._full: dict[str, ProbeResult] = {}
+        self._full: dict[str, tuple[float, ProbeResult]] = {}  # monotonic seconds it was learned, result
         self._probing: dict[str, anyio.Event] = {}
+        self._tg: TaskGroup | None = None  # where a provider whose probe failed is probed again
         self._key: tuple[tuple[str, str, str], ...] | None = None  # snapshot_key's memo
         self._key_until = 0.0  # monotonic seconds: the memo holds until a cheap probe is due
 
@@ -80,7 +81,16 @@ class ProviderRegistry:
         cheap = cached[1]
         if not cheap.available:
             return cheap
-        return self._full.get(provider_id, cheap)
+        full = self._full.get(provider_id)
+        if full is None:
+            return cheap
+        if full[1].status == "error" and now - full[0] > self._interval:
+            # A failed full probe (a slow first start) does not bar the provider for good: after
+            # probeInterval it is routable again and probed again (a turn waits for that probe).
+            del self._full[provider_id]
+            self._probe_again(provider_id)
+            return cheap
+        return full[1]
 
     def snapshot_key(self) -> tuple[tuple[str, str, str], ...]:
         """Changes whenever any provider's reported status does (cheap probes included).
@@ -130,34 +140,48 @@ class ProviderRegistry:
         return summary
 
     async def probe_all(self) -> dict[str, ProbeResult]:
-        """Run every enabled provider's full probe concurrently; results are kept for ``status``."""
-
-        async def one(provider_id: str, finished: anyio.Event) -> None:
-            try:
-                self._full[provider_id] = await self._adapters[provider_id].probe_full()
-            except Exception as exc:  # a probe must never take the bridge down
-                log.warning("probe of %s failed: %s", provider_id, type(exc).__name__)
-                self._full[provider_id] = ProbeResult("error", type(exc).__name__)
-            finally:
-                self._key = None
-                finished.set()
-                self._probing.pop(provider_id, None)
-
+        """Run every enabled provider's full probe concurrently; results are kept for ``status``
+        (a failed one for ``probeInterval`` seconds, then the provider is probed again)."""
         async with anyio.create_task_group() as tg:
             for provider_id in self._order:
                 if provider_id in self._enabled and self._adapters[provider_id].probe_cheap().available:
                     self._probing[provider_id] = finished = anyio.Event()
-                    tg.start_soon(one, provider_id, finished)
-        return dict(self._full)
+                    tg.start_soon(self._probe, provider_id, finished)
+        return {provider_id: result for provider_id, (_, result) in self._full.items()}
+
+    async def _probe(self, provider_id: str, finished: anyio.Event) -> None:
+        try:
+            try:
+                result = await self._adapters[provider_id].probe_full()
+            except Exception as exc:  # a probe must never take the bridge down
+                log.warning("probe of %s failed: %s", provider_id, type(exc).__name__)
+                result = ProbeResult("error", type(exc).__name__)
+            if result.status == "error":
+                log.info(
+                    "provider %s: probe failed (%s); probed again after %g s",
+                    provider_id,
+                    result.detail,
+                    self._interval,
+                )
+            self._full[provider_id] = (time.monotonic(), result)
+            self._key = None
+        finally:
+            self._probing.pop(provider_id, None)
+            finished.set()
+
+    def _probe_again(self, provider_id: str) -> None:
+        if self._tg is not None and provider_id not in self._probing:
+            self._probing[provider_id] = finished = anyio.Event()
+            self._tg.start_soon(self._probe, provider_id, finished)
 
     def note_turn(self, provider_id: str, status: str, error_code: str | None, message: str) -> None:
         """What a turn learned about its provider: an auth failure shows as ``auth_required`` in
         the probe summary until a turn completes (a real turn is the most accurate probe)."""
         if error_code == "AGENT_AUTH_REQUIRED":
-            self._full[provider_id] = ProbeResult("auth_required", message[:200])
+            self._full[provider_id] = (time.monotonic(), ProbeResult("auth_required", message[:200]))
             self._key = None
         elif status == "completed":
-            self._full[provider_id] = ProbeResult("ok")
+            self._full[provider_id] = (time.monotonic(), ProbeResult("ok"))
             self._key = None
 
     async def wait_probe(self, provider_id: str, timeout: float) -> None:
@@ -173,7 +197,8 @@ class ProviderRegistry:
 
     async def start(self, tg: TaskGroup) -> None:
         """Start the adapters that run as services (``run(*, task_status)``: the ACP adapters host
-        their agents' pumps)."""
+        their agents' pumps); later probes run in ``tg`` too."""
+        self._tg = tg
         for adapter in self._adapters.values():
             if isinstance(adapter, ServiceAdapter):
                 await tg.start(adapter.run)
