@@ -17,6 +17,7 @@ from bridge.methods import METHOD_NAMES
 from bridge.rpc.redact import register_secret
 from compat.base import ProviderAdapter
 from compat.knowledge.service import KnowledgeService
+from compat.process.descendants import reap_orphans_forever
 from compat.profile.adapter import ProfileAdapter
 from compat.settings import ProviderConfig
 from orchestrator.registry import ProviderRegistry
@@ -97,4 +98,5 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         bridge_info=info,
         methods=list(METHOD_NAMES),
         knowledge=knowledge,
+        background=[reap_orphans_forever],  # daemons an agent left behind that exited on their own
     )

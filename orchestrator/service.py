@@ -11,7 +11,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,8 @@ class Orchestrator:
         bridge_info: ``{name, version, contractVersion}`` for ``acp.capabilities``.
         methods: the method names for ``acp.capabilities`` (``bridge.methods``).
         knowledge: the knowledge service (an async context manager), if any.
+        background: tasks that run while the orchestrator does and never return (the process
+            layer's orphan sweep, ``compat.process.descendants.reap_orphans_forever``).
     """
 
     def __init__(
@@ -76,8 +78,10 @@ class Orchestrator:
         bridge_info: dict[str, Any] | None = None,
         methods: list[str] | None = None,
         knowledge: Any = None,
+        background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     ) -> None:
         self.registry = registry
+        self._background = tuple(background)
         self.workspace = Workspace(roots)
         self.limits = limits
         self.timeouts = timeouts
@@ -113,6 +117,8 @@ class Orchestrator:
         self._tg = await anyio.create_task_group().__aenter__()
         await self.registry.start(self._tg)
         self._tg.start_soon(self._sweep_sessions)
+        for task in self._background:
+            self._tg.start_soon(task)
         self._log_start()
         self._tg.start_soon(self.registry.probe_all)
         return self

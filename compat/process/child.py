@@ -42,11 +42,12 @@ from bridge.rpc.redact import redact
 from compat.process.descendants import (
     find_descendants,
     is_ours,
-    reap_adopted,
+    reap_orphans,
     unregister,
 )
 from compat.process.env import StderrTail
 from compat.process.lines import LineFramer, LineTooLong
+from compat.process.threads import exit_waits
 
 if TYPE_CHECKING:
     import psutil
@@ -332,7 +333,7 @@ class AgentProcess:
                 if self._pidfd is not None:
                     await anyio.wait_readable(self._pidfd)
                 else:
-                    await anyio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True)
+                    await anyio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True, limiter=exit_waits())
             self._reaped()
 
     def _reaped(self) -> None:
@@ -377,7 +378,7 @@ class AgentProcess:
         if await self.wait(KILL_WAIT) is None:
             logger.warning("pid %d did not exit after SIGKILL", self.pid)
         await anyio.to_thread.run_sync(_wait_gone, victims)
-        reap_adopted()
+        await anyio.to_thread.run_sync(reap_orphans)
         if self._pumping is not None:
             with anyio.move_on_after(KILL_WAIT):  # the pumps drain and close our ends
                 await self._pumping.wait()

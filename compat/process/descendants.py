@@ -9,10 +9,14 @@ orphans are re-parented to the bridge instead of to init, where the bridge can s
 - at kill time, :func:`find_descendants` walks the leader's tree (while the leader lives) and adds
   the bridge's adopted children that carry the leader's *spawn mark*, an environment variable
   every child is started with (:data:`MARK_VARIABLE`, inherited by what it starts);
-- :func:`reap_adopted` reaps the adopted children that exited, and only those it can tell are
-  the bridge's own (in one of its agents' process groups, or seen with a spawn mark), so it never
-  takes an exit status that other code in the process waits for (asyncio's child watcher, a
-  ``subprocess.Popen`` of a library).
+- :func:`reap_orphans` reaps the adopted children that exited: at once those it can tell are the
+  bridge's own (in one of its agents' process groups, or seen alive with a spawn mark), and any
+  other that has been a zombie for a whole sweep interval (a daemon that called ``setsid`` and
+  exited before anyone saw it: a zombie's environment can no longer be read). Code that waits for
+  a child of its own (asyncio's child watcher, ``Popen.wait``) reaps it within milliseconds, long
+  before that; a child nobody waits for would stay a zombie for the bridge's life.
+  :func:`reap_orphans_forever` sweeps every :data:`ORPHAN_SWEEP` seconds once a child started,
+  and ending a child sweeps too.
 
 Without a subreaper (other systems, or a kernel that refuses it) the walk at kill time is the
 fallback: it finds what left the group as long as its parent chain to the leader is intact.
@@ -28,6 +32,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -107,45 +112,135 @@ def find_descendants(leader: int, mark: str, *, leader_alive: bool) -> list[psut
             for proc in psutil.Process(leader).children(recursive=True):
                 found[proc.pid] = proc
     for proc in _adopted():
-        if _mark_of(proc) == mark:
+        if _environ_mark(proc.pid) == mark:
             found[proc.pid] = proc
             with contextlib.suppress(psutil.Error):
                 for sub in proc.children(recursive=True):
                     found[sub.pid] = sub
     found.pop(leader, None)
-    with _lock:  # ours: once they exit and are re-parented here, reap_adopted may reap them
+    with _lock:  # ours: once they exit and are re-parented here, reap_orphans reaps them at once
         _marked.update(dict.fromkeys(found, mark))
     return list(found.values())
 
 
-def reap_adopted() -> int:
-    """Reap the adopted children that exited and are the bridge's own; returns how many.
+ORPHAN_SWEEP = 10.0
+"""Seconds between two sweeps for adopted children that exited (:func:`reap_orphans_forever`)."""
 
-    Adopted children alive now are remembered by their spawn mark, so they can be reaped once
-    they exit (a zombie's environment can no longer be read). Groups with no member left are
-    forgotten, so a reused process-group id is never taken for one of ours.
+_reaping = threading.Lock()  # one sweep at a time (the periodic one, and the one after a kill)
+_unclaimed: dict[int, float] = {}  # zombies not known to be ours: pid → when a sweep first saw it
+
+
+def reap_orphans(unclaimed_for: float = ORPHAN_SWEEP) -> int:
+    """Reap the adopted children that exited (see the module note); returns how many. Reads
+    ``/proc``: call it from a worker thread.
+
+    Args:
+        unclaimed_for: seconds a zombie not known to be ours stays for its owner to reap it
+            before the bridge does.
+
+    Adopted children alive now are remembered by their spawn mark, so they can be reaped at once
+    when they exit. Groups with no member left are forgotten, so a reused process-group id is
+    never taken for one of ours.
     """
-    if not become_subreaper():
+    global _unclaimed
+    if not _subreaper:
         return 0
-    reaped = 0
-    for proc in _adopted():
-        pid = proc.pid
-        if pid not in _marked and (mark := _mark_of(proc)) is not None:
-            _marked[pid] = mark
-        if not (pid in _marked or _group_of(pid) in _groups):
-            continue  # not one of ours: its owner reaps it
-        try:
-            status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
-        except ChildProcessError:
-            status = None  # somebody else reaped it meanwhile
-            _marked.pop(pid, None)
-        if status is not None:
-            _marked.pop(pid, None)
-            reaped += 1
-    with _lock:
-        for group in [g for g in _groups if g not in _leaders and not _group_alive(g)]:
-            _groups.discard(group)
+    with _reaping:
+        now = time.monotonic()
+        with _lock:
+            leaders = set(_leaders)
+        reaped = 0
+        unclaimed: dict[int, float] = {}
+        for pid in _children():
+            if pid in leaders:
+                continue  # its owner reaps it (``AgentProcess``)
+            if not _is_zombie(pid):
+                if (mark := _environ_mark(pid)) is not None:
+                    with _lock:
+                        _marked.setdefault(pid, mark)
+                continue
+            with _lock:
+                ours = pid in _marked or _group_of(pid) in _groups
+            seen = _unclaimed.get(pid, now)
+            if not (ours or now - seen >= unclaimed_for):
+                unclaimed[pid] = seen  # maybe another owner's, about to reap it
+                continue
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
+                reaped += 1
+            except ChildProcessError:
+                pass  # somebody else reaped it meanwhile
+            with _lock:
+                _marked.pop(pid, None)
+        _unclaimed = unclaimed
+        with _lock:
+            for group in [g for g in _groups if g not in _leaders and not _group_alive(g)]:
+                _groups.discard(group)
     return reaped
+
+
+async def reap_orphans_forever(interval: float = ORPHAN_SWEEP) -> None:
+    """Sweep with :func:`reap_orphans` every ``interval`` seconds, in a worker thread; sweeps
+    only once the bridge is a subreaper (its first child started). Never returns."""
+    import anyio
+    import anyio.to_thread
+
+    while True:
+        await anyio.sleep(interval)
+        if _subreaper:
+            try:
+                await anyio.to_thread.run_sync(reap_orphans, interval)
+            except Exception:  # a sweep must never end the bridge's task group
+                logger.exception("reaping adopted children failed")
+
+
+def _children() -> list[int]:
+    """This process's children: ``/proc/self/task/*/children`` (a file per thread, no walk of the
+    process table), else psutil's walk where the kernel lacks those files."""
+    pids: list[int] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        tasks = []
+    listed = False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children", "rb") as f:
+                pids += map(int, f.read().split())
+            listed = True
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    if listed:
+        return pids
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process().children()]
+    except psutil.Error:
+        return []
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"  # the state follows "(comm) "
+
+
+def _environ_mark(pid: int) -> str | None:
+    """The spawn mark in ``pid``'s environment, if it has one that can be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    prefix = MARK_VARIABLE.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("ascii", "replace")
+    return None
 
 
 def _adopted() -> list[psutil.Process]:
@@ -153,22 +248,14 @@ def _adopted() -> list[psutil.Process]:
     adopted; without one, other code's children, which the callers filter by mark and group)."""
     import psutil
 
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return []
     with _lock:
         leaders = set(_leaders)
-    return [c for c in children if c.pid not in leaders]
-
-
-def _mark_of(proc: psutil.Process) -> str | None:
-    import psutil
-
-    try:
-        return proc.environ().get(MARK_VARIABLE)
-    except (psutil.Error, OSError):
-        return None  # a zombie has no environment any more; another user's is not readable
+    found = []
+    for pid in _children():
+        if pid not in leaders:
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(pid))
+    return found
 
 
 def _group_of(pid: int) -> int | None:

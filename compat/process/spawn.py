@@ -1,9 +1,9 @@
 """Starting a local child: ``subprocess.Popen`` in a worker thread, in a process group of its own,
 with pipes of the bridge's own, and a spawn mark in its environment (``compat.process.descendants``).
 
-``Popen`` uses ``vfork``, so a start copies none of the bridge's memory, and the worker thread keeps
-the event loop free while the child reaches ``exec``, which takes milliseconds when the CPUs are
-busy.
+``Popen`` uses ``vfork``, so a start copies none of the bridge's memory, and the worker thread (one
+of the process layer's own, ``compat.process.threads``) keeps the event loop free while the child
+reaches ``exec``, which takes milliseconds when the CPUs are busy.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -20,6 +20,7 @@ import anyio.to_thread
 from bridge.rpc.redact import redact
 from compat.process.child import AgentProcess
 from compat.process.descendants import MARK_VARIABLE, become_subreaper, new_mark, register
+from compat.process.threads import spawn_threads
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ async def spawn(
     child_env = {**env, MARK_VARIABLE: mark}
     try:
         # Not abandoned on cancellation, so a started child always gets here and is owned.
-        popen, fds = await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, child_env)
+        popen, fds = await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, child_env, limiter=spawn_threads())
     except OSError as exc:
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc

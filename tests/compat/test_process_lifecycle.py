@@ -220,7 +220,7 @@ async def test_an_orphaned_descendant_that_left_the_group_is_ended_with_its_agen
 async def test_the_bridge_reaps_what_it_adopts_but_never_another_owners_child() -> None:
     """Adopted orphans that exit are reaped (no zombies pile up under a long-lived bridge); a
     child other code in the process started keeps its exit status for its owner."""
-    from compat.process.descendants import reap_adopted
+    from compat.process.descendants import reap_orphans
 
     theirs = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])
     async with pumped(TREE) as child:
@@ -233,13 +233,89 @@ async def test_the_bridge_reaps_what_it_adopts_but_never_another_owners_child() 
             await wait_gone(pids)
         finally:
             sleepers_cleanup(pids)
-    with anyio.fail_after(10):
-        while psutil.Process(theirs.pid).status() != psutil.STATUS_ZOMBIE:
-            await anyio.sleep(0.01)  # polling OS state: no event exists for another's exit
-    reap_adopted()
+    await wait_zombie(theirs.pid)
+    reap_orphans()
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).ppid() != os.getpid()  # reaped, not a zombie of ours
     assert theirs.wait(5) == 5  # its owner, not the bridge, reaped it
+
+
+SHORT_DAEMON = """
+import os, sys, time
+middle = os.fork()
+if middle == 0:  # a daemon that leaves the group and exits on its own, before anyone looked
+    os.setsid()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        os._exit(0)
+    time.sleep(0.2)
+    os._exit(0)
+os.waitpid(middle, 0)
+print("orphaned", flush=True)
+sys.stdin.read()
+"""
+
+
+async def wait_zombie(pid: int) -> None:
+    with anyio.fail_after(10):
+        while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            await anyio.sleep(0.01)  # polling OS state: no event exists for another's exit
+
+
+@pytest.mark.parametrize("trigger", ["sweeps", "periodic"])
+async def test_a_daemon_that_exited_before_anyone_saw_it_is_reaped_while_its_agent_runs(trigger: str) -> None:
+    """It left the agent's group, and a zombie's environment (its spawn mark) cannot be read: it
+    was reaped only when the bridge exited. Now a zombie nobody claimed by the next sweep is."""
+    from compat.process.descendants import reap_orphans, reap_orphans_forever
+
+    async with pumped(SHORT_DAEMON) as child:
+        await child.line(1)
+        daemon = next(int(line) for line in child.lines if line.isdigit())
+        assert psutil.Process(daemon).ppid() == os.getpid()  # adopted by the bridge, a subreaper
+        await wait_zombie(daemon)
+        if trigger == "sweeps":
+            reap_orphans(unclaimed_for=0.05)  # first sighting: maybe another owner's, about to reap it
+            assert psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
+            with anyio.fail_after(10):
+                while not reap_orphans(unclaimed_for=0.05):
+                    await anyio.sleep(0.02)  # the time an owner gets to reap its own child
+        else:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reap_orphans_forever, 0.05)
+                with anyio.fail_after(10):
+                    while psutil.pid_exists(daemon):
+                        await anyio.sleep(0.02)  # the sweeps run on their own clock
+                tg.cancel_scope.cancel()
+        assert not psutil.pid_exists(daemon)
+        assert child.proc.returncode is None  # the agent still runs: nothing waited for its end
+
+
+async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
+    """Children start on threads of their own (``compat.process.threads``): with anyio's default
+    40 all busy (here: blocked), an agent still starts (bench case 4: 100 sessions at once queued
+    the last start ~750 ms behind the first)."""
+    import threading
+
+    release = threading.Event()
+    busy = int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+    async with anyio.create_task_group() as tg:
+        try:
+            for _ in range(busy):
+                tg.start_soon(anyio.to_thread.run_sync, release.wait)
+            with anyio.fail_after(10):
+                while anyio.to_thread.current_default_thread_limiter().borrowed_tokens < busy:
+                    await anyio.sleep(0.01)
+                proc = await spawn(
+                    [sys.executable, "-c", "pass"],
+                    cwd=None,
+                    env=child_env(),
+                    max_line_bytes=1024,
+                    stderr_tail_bytes=1024,
+                )
+                assert await proc.wait(5) == 0
+        finally:
+            release.set()  # the blocked threads cannot be cancelled: let them end
+    await proc.terminate(0.5)
 
 
 async def test_the_walk_at_kill_time_finds_the_escaped_and_the_grouped_grandchild() -> None:
