@@ -140,7 +140,9 @@ class ProfileAdapter:
             stdin=stdin,
             parser=parser,
             streaming=profile.streaming,
-            timeout=min(profile.timeout_secs, self.timeouts.turn_timeout),
+            # At or past turnTimeout the turn's deadline ends the run (TURN_TIMEOUT): two timers
+            # at the same moment made PROFILE_TIMEOUT or TURN_TIMEOUT a matter of scheduling.
+            timeout=profile.timeout_secs if profile.timeout_secs < self.timeouts.turn_timeout else None,
             send_error_reply=profile.send_error_reply,
             include_stderr=profile.include_stderr_in_reply,
             name=self.info.provider_id,

@@ -68,7 +68,7 @@ class Launch(msgspec.Struct, frozen=True):
     stdin: bytes | None  # written then closed; None: /dev/null
     parser: ExecLineParser | ClaudeStreamParser
     streaming: bool
-    timeout: float  # seconds
+    timeout: float | None  # seconds; None: the turn's own deadline (turnTimeout) bounds the run
     send_error_reply: bool
     include_stderr: bool
     name: str = "profile"  # the profile's id, for the log

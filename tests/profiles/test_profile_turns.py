@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import orjson
@@ -174,6 +175,16 @@ async def test_timeout_ends_the_whole_process_tree_and_keeps_the_streamed_output
     pids = pids_in(tmp_path / "pids")
     assert len(pids) == 2  # the profile and its SIGTERM-ignoring grandchild
     await wait_gone(pids)
+
+
+async def test_a_profile_timeout_at_the_turn_timeout_leaves_the_end_to_the_turn(make_profile: ProfileFactory) -> None:
+    """``timeout_secs`` equal to ``turnTimeout`` starts no timer of the profile's own: the turn's
+    deadline (the orchestrator's) ends the run as TURN_TIMEOUT, never a race of two timers."""
+    session = make_profile.modes("hang", timeout_secs=1, timeouts={"turn_timeout": 1}).open_session("s1")
+    outcomes: list[Any] = []
+    with anyio.move_on_after(3) as turn_deadline:  # stands in for the turn's deadline
+        outcomes.append(await run_turn(session))
+    assert turn_deadline.cancelled_caught and outcomes == []
 
 
 async def test_cancel_ends_the_process_group_and_the_turn_is_cancelled(
