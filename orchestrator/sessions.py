@@ -126,7 +126,8 @@ class Session:
         self.provider_id: str | None = None
         self.provider_session: ProviderSession | None = None
         self.working_directory: str | None = None
-        self.history: deque[tuple[str, str]] = deque(maxlen=HISTORY_KEPT)
+        self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_KEPT)
+        self._amend: Callable[[deque[tuple[str, str]]], None] | None = None
         self.log = UpdateLog()
         self.permissions: dict[str, PendingPermission] = {}  # requestId → a pending ``ask``
         self.state: dict[str, dict[str, Any] | None] = {}
@@ -186,8 +187,22 @@ class Session:
             self.active = nxt = self._waiting.popleft()
             self._admitted.pop(nxt).set()
 
+    @property
+    def history(self) -> deque[tuple[str, str]]:
+        """``(role, text)`` of the latest turns, oldest first (at most ``HISTORY_KEPT``)."""
+        if self._amend is not None:
+            amend, self._amend = self._amend, None
+            amend(self._history)
+        return self._history
+
     def record(self, role: str, text: str) -> None:
         self.history.append((role, text))
+
+    def amend_history(self, amend: Callable[[deque[tuple[str, str]]], None]) -> None:
+        """Run ``amend`` on the history before it is next read: chunks an agent writes behind its
+        answer are joined into that answer once, not once per chunk (each join copies the whole
+        output, up to ``maxOutputBytes``)."""
+        self._amend = amend
 
 
 class SessionTable:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import uuid4
@@ -410,6 +411,8 @@ class Turn:
         if not text or (self.machine.output_limited and self.machine.state is not TurnState.ENDED):
             return
         room = self._limits.max_output_bytes - self._output_bytes
+        if room <= 0 and self.machine.state is TurnState.ENDED:
+            return  # a late chunk past the limit: nothing of it is kept
         size = utf8_len(text)
         passed = size > room
         if passed:
@@ -423,18 +426,19 @@ class Turn:
             for start in range(0, len(text), step):
                 self.publish(updates.delta(text[start : start + step]))
         if self.machine.state is TurnState.ENDED:
-            self._late_output()
+            self._session.amend_history(self._late_output)  # joined once, when next read
         elif passed:
             self.fire(Trigger.OUTPUT_LIMIT)
 
-    def _late_output(self) -> None:
-        """A chunk came after the result: it is part of this turn's recorded answer too."""
-        history, index = self._session.history, self._history_index
+    def _late_output(self, history: deque[tuple[str, str]]) -> None:
+        """Chunks came after the result: they are part of this turn's recorded answer too."""
+        index = self._history_index
         output = self.output
+        self._parts = [output]
         if index is not None and index == len(history) - 1:
             history[index] = ("assistant", output)
         elif output and history and history[-1] == ("user", self._spec.prompt):
-            self._session.record("assistant", output)
+            history.append(("assistant", output))
             self._history_index = len(history) - 1
 
     def _state(self, event: SessionStateEvent) -> None:

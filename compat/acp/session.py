@@ -48,7 +48,8 @@ from compat.settings import Limits, ProviderConfig, Timeouts
 logger = logging.getLogger(__name__)
 
 EARLY_UPDATES = 256
-"""Updates kept per session id not known yet (written before its ``session/new`` result)."""
+"""Updates kept for session ids not known yet (written before their ``session/new`` result), in
+all: whatever ids an agent names, the oldest go first."""
 _CLOSE_SLACK = 5.0  # seconds aclose() waits for a running turn beyond cancelGrace
 
 
@@ -106,7 +107,8 @@ class AcpSession:
         self._prompt: Call | None = None  # this turn's session/prompt, once sent
         self._opening = False  # a session/new or session/load is out
         self._replaying = False  # a session/load is out: its updates replay history
-        self._early: dict[str, deque[dict[str, Any]]] = {}
+        self._early: deque[tuple[str, dict[str, Any]]] = deque(maxlen=EARLY_UPDATES)
+        self._early_dropped = False  # warned that the oldest early updates were dropped
         self._lock = anyio.Lock()
         self._closed = False
         self._idle_since: float | None = None
@@ -229,7 +231,7 @@ class AcpSession:
                 return previous, False
             if conn.can_load and await self._load(turn, conn, previous, cwd):
                 return previous, False
-        self._opening = True
+        self._start_opening()
         try:
             result = await conn.new_session(cwd, self._config.auth_method)
         finally:
@@ -238,7 +240,8 @@ class AcpSession:
         return result["sessionId"], previous is not None
 
     async def _load(self, turn: _TurnLink, conn: AcpConnection, session_id: str, cwd: str) -> bool:
-        self._opening = self._replaying = True
+        self._start_opening()
+        self._replaying = True
         try:
             result = await conn.load_session(session_id, cwd)
         except ResponseError as exc:
@@ -249,12 +252,18 @@ class AcpSession:
         self._remember(turn, session_id, cwd, result)
         return True
 
+    def _start_opening(self) -> None:
+        self._opening = True
+        self._early.clear()  # what an earlier, failed opening left
+        self._early_dropped = False
+
     def _remember(self, turn: _TurnLink, session_id: str, cwd: str, result: dict[str, Any]) -> None:
         self._acp_session_id, self._acp_cwd = session_id, cwd
         self._models.remember(result)
         turn.opened = True
         self._last = None  # the turns before were on another ACP session
-        early, self._early = self._early.get(session_id, ()), {}
+        early = [update for sid, update in self._early if sid == session_id]
+        self._early.clear()
         for update in early:
             self._route(update)
 
@@ -274,12 +283,14 @@ class AcpSession:
         if session_id == self._acp_session_id and session_id is not None:
             self._route(update)
         elif self._opening and isinstance(session_id, str):
-            early = self._early.setdefault(session_id, deque(maxlen=EARLY_UPDATES))
-            if len(early) == EARLY_UPDATES:
+            if len(self._early) == EARLY_UPDATES and not self._early_dropped:
+                self._early_dropped = True
                 logger.warning(
-                    "session %s: more than %d updates before session/new answered", session_id[:80], EARLY_UPDATES
+                    "session %s: more than %d agent updates before session/new answered; the oldest are dropped",
+                    self.session_id[:80],
+                    EARLY_UPDATES,
                 )
-            early.append(update)
+            self._early.append((session_id, update))
         else:
             logger.debug("an update for session %r, which is not this session's", str(session_id)[:80])
 

@@ -324,3 +324,20 @@ async def test_session_state_sent_while_the_next_turn_starts_is_streamed_in_that
     assert result.status == "completed" and result.resolved_model == "m-fast"
     kinds = [u.get("event") if u["type"] == "status" else u["type"] for u in client.updates]
     assert "config_option_update" in kinds and kinds.index("config_option_update") < kinds.index("done")
+
+
+async def test_updates_for_unknown_sessions_are_bounded_in_all_and_warned_of_once(
+    make_agent: AgentFactory, caplog: Any
+) -> None:
+    """While session/new is out, updates naming any session id are kept (one may be the new
+    session's): at most EARLY_UPDATES in all, whatever the number of ids, and one warning."""
+    from compat.acp.session import EARLY_UPDATES
+
+    adapter = make_agent._adapter((), None, None, {})
+    session = adapter.open_session("s1")
+    session._opening = True  # as while session/new is out
+    update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}
+    for i in range(10 * EARLY_UPDATES):
+        session._on_update({"sessionId": f"made-up-{i}", "update": update})
+    assert len(session._early) == EARLY_UPDATES
+    assert caplog.text.count("before session/new answered") == 1

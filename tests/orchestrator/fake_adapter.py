@@ -32,6 +32,7 @@ class FakeSession:
         self.turns: list[TurnRequest] = []
 
     async def run_turn(self, request: TurnRequest, sink: TurnSink) -> TurnOutcome:
+        self.sink = sink  # a test may write behind the result with it, as agents do
         try:
             return await self._turn(request, sink)
         except anyio.get_cancelled_exc_class():

@@ -15,6 +15,7 @@ import pytest
 from msgspec import UNSET
 
 from bridge.rpc.errors import InvalidParams, NotFound
+from compat.base import TextDelta
 from compat.settings import Limits, Timeouts
 from orchestrator.models import PermissionParams, TurnParams
 from orchestrator.registry import ProviderRegistry
@@ -342,3 +343,23 @@ async def test_a_failure_while_a_turn_ends_fails_that_turn_only(tmp_path: Path) 
             later = await orch.run_turn(params, "local", Client(), start=True)
     assert broken.status == "failed" and broken.error.code == "INTERNAL_ERROR" and broken.turn_id is not None
     assert later.status == "completed"
+
+
+async def test_chunks_behind_the_result_cost_no_more_than_the_output_they_add(tmp_path: Path) -> None:
+    """Late chunks are streamed and recorded in the session's history; past maxOutputBytes none is
+    kept, and the answer is joined once when the history is read, not once per chunk."""
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch:
+        client = Client()
+        params = TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "echo a"})
+        result = await orch.run_turn(params, "local", client, start=True)
+        turn_sink = adapter.sessions[0].sink
+        for _ in range(5000):
+            turn_sink.emit(TextDelta("x" * 100))  # 500 KB against maxOutputBytes 1000
+        session = orch.sessions.owned("s1", "local")
+        assert len(turn_sink._parts) <= 11  # not one entry per chunk past the limit
+        role, answer = session.history[-1]
+    assert result.status == "completed" and role == "assistant"
+    assert answer.startswith("a ") and len(answer.encode()) == 1000
+    late = [u for u in client.updates if u["type"] == "delta"][1:]
+    assert sum(len(u["delta"]) for u in late) == 1000 - len("a ")
