@@ -16,6 +16,9 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 
+from bridge.rpc.codec import loads
+from bridge.rpc.errors import ParseError
+
 OnNotification = Callable[[dict[str, Any]], None]
 _ids = itertools.count(1)
 
@@ -67,6 +70,8 @@ async def call(
         return await _call_http(endpoint, request, token, on_notification, timeout)
     except (httpx.HTTPError, OSError) as exc:
         raise TransportError(f"cannot reach the bridge at {url}: {exc}") from exc
+    except ParseError as exc:
+        raise TransportError(f"{url} answered something that is not JSON") from exc
 
 
 async def _call_http(
@@ -82,17 +87,17 @@ async def _call_http(
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 body = await response.aread()
                 try:
-                    return orjson.loads(body)
-                except orjson.JSONDecodeError as exc:
+                    return loads(body)
+                except ParseError as exc:
                     raise TransportError(f"HTTP {response.status_code}: {body[:200]!r}") from exc
             reply: dict[str, Any] | None = None
-            async for line in response.aiter_lines():
+            async for line in response.aiter_lines():  # the bridge sends each event as one data: line
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                message = orjson.loads(data)
+                message = loads(data)
                 if isinstance(message, dict) and "method" in message and "id" not in message:
                     if on_notification:
                         on_notification(message)
@@ -121,7 +126,7 @@ async def _call_ws(
             ) as ws:
                 await ws.send(orjson.dumps(request).decode())
                 async for frame in ws:
-                    message = orjson.loads(frame)
+                    message = loads(frame)
                     if isinstance(message, dict) and message.get("id") == request["id"] and "method" not in message:
                         return message
                     if isinstance(message, dict) and "method" in message and on_notification:
@@ -129,8 +134,8 @@ async def _call_ws(
     except InvalidStatus as exc:
         body = exc.response.body or b""
         try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
+            return loads(body)
+        except ParseError:
             raise TransportError(f"WebSocket upgrade refused: HTTP {exc.response.status_code}") from exc
     except (WebSocketException, TimeoutError) as exc:
         raise TransportError(f"WebSocket failed: {exc}") from exc

@@ -175,8 +175,8 @@ class Connection:
             async for batch in self._outbox.batches():
                 for envelope in batch:  # the send waits only while the socket's buffer is full
                     await self._send({"type": "websocket.send", "text": envelope.decode()})
-        except _PEER_GONE:
-            log.info("%s: peer left while sending; stopping", self._ctx.connection_id)
+        except _PEER_GONE as exc:  # the error's text shows, should a RuntimeError be a bug of ours
+            log.info("%s: peer left while sending (%s: %s); stopping", self._ctx.connection_id, type(exc).__name__, exc)
             self._scope.cancel()
 
     def _enqueue(self, envelope: bytes) -> None:

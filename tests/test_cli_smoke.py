@@ -217,3 +217,45 @@ def test_providers_refuses_local_only_flags_without_local(tmp_path):
         timeout=30,
     )
     assert done.returncode == 2 and "need --local" in done.stderr
+
+
+def test_a_bridge_that_answers_what_is_not_json_is_a_transport_error(tmp_path):
+    """Once an orjson error escaped as a traceback: the CLI says what happened, exit code 2."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                b"data: {not json\r\n\r\n"
+            )
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bridge.cli",
+                "call",
+                "acp.capabilities",
+                "--url",
+                f"http://127.0.0.1:{server.getsockname()[1]}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=30,
+        )
+    finally:
+        thread.join(10)
+        server.close()
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "answered something that is not JSON" in done.stderr
