@@ -132,7 +132,7 @@ async def _call_ws(
                     if isinstance(message, dict) and "method" in message and on_notification:
                         on_notification(message)
     except InvalidStatus as exc:
-        body = exc.response.body or b""
+        body = bytes(exc.response.body or b"")
         try:
             return loads(body)
         except ParseError:
