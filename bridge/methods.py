@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -39,6 +39,9 @@ from orchestrator.results import (
     UnavailableTurnResult,
 )
 from orchestrator.service import Orchestrator
+
+if TYPE_CHECKING:
+    from compat.knowledge.service import KnowledgeService
 
 
 class Params:
@@ -142,7 +145,7 @@ async def knowledge_read(orch: Orchestrator, params: Any, ctx: CallContext) -> K
     return msgspec.convert(node, KnowledgeReadResult)
 
 
-def _knowledge(orch: Orchestrator) -> Any:
+def _knowledge(orch: Orchestrator) -> KnowledgeService:
     if orch.knowledge is None:
         raise NotFound("no knowledge sources are configured")
     return orch.knowledge

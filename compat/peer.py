@@ -39,6 +39,9 @@ Write = Callable[[bytes], None]
 """Queues one outgoing line (the newline is the transport's). Raises ``anyio.BrokenResourceError``
 once the other side can no longer be written to."""
 _PREVIEW_BYTES = 200
+MAX_SERVING = 64
+"""Requests from the other side answered at once; more are refused with -32603 at once (an agent
+that floods requests cannot grow the bridge's tasks without bound)."""
 
 
 class PeerError(Exception):
@@ -111,6 +114,7 @@ class JsonRpcPeer:
         self._notifications: dict[str, NotificationHandler] = {}
         self._error: PeerError | None = None
         self._handlers: anyio.abc.TaskGroup | None = None
+        self._serving = 0  # request handlers running now
         self.skipped_lines = 0
 
     @property
@@ -212,7 +216,13 @@ class JsonRpcPeer:
         elif isinstance(received, IncomingRequest):
             if self._handlers is None:
                 logger.debug("%s: request %s before the peer is served; not answered", self.name, received.method)
+            elif self._serving >= MAX_SERVING:
+                logger.warning(
+                    "%s: more than %d requests in flight; refusing %s", self.name, MAX_SERVING, received.method[:100]
+                )
+                self._answer(self._core.error(received.id, INTERNAL_ERROR, "too many requests in flight"))
             else:
+                self._serving += 1
                 self._handlers.start_soon(self._serve_request, received)
         else:
             self._skip(received, line)
@@ -233,6 +243,12 @@ class JsonRpcPeer:
         logger.debug("%s: skipped a line (%s): %s", self.name, stray.why, redact(preview))
 
     async def _serve_request(self, request: IncomingRequest) -> None:
+        try:
+            await self._answer_request(request)
+        finally:
+            self._serving -= 1
+
+    async def _answer_request(self, request: IncomingRequest) -> None:
         handler = self._requests.get(request.method)
         if handler is None:
             self._answer(self._core.error(request.id, METHOD_NOT_FOUND, "Method not found"))

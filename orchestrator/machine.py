@@ -4,12 +4,14 @@ or raises. Nothing else assigns a turn's state.
 
 ::
 
-    QUEUED ──admit──▶ STARTING ──begin──▶ RUNNING ──result──▶ FINISHING ──finished──▶ ENDED
-      │                  │                   │                    ▲
-      │                  └───cancel/close/shutdown/output_limit───┤
-      │                                      ▼                    │
-      │                                 CANCELLING ──result/stopped─┘
-      └──cancel/close/shutdown/refuse──▶ ENDED (never started)
+    QUEUED ──admit──▶ STARTING ──begin──▶ RUNNING ──result/timeout/crash──▶ FINISHING ──finished──▶ ENDED
+      │                  │                   │                                  ▲
+      │                  └─cancel/close/shutdown/output_limit─┐                 │
+      │                                      │                ▼                 │
+      │                                      └──────────▶ CANCELLING ──result/stopped/timeout/crash
+      └──cancel/close/shutdown/refuse/crash──▶ ENDED (never started)
+
+  (STARTING also goes to FINISHING on result, timeout or crash; the table below is the truth.)
 
 - STARTING: the turn has its slots and a ``turnId``; the provider prepares (spawns the agent,
   opens its session). RUNNING: the provider reported it began the work (ACP: prompt sent).

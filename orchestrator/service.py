@@ -42,6 +42,7 @@ from orchestrator.turn import Turn, TurnInput
 from orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
+    from compat.knowledge.service import KnowledgeService
     from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class Orchestrator:
         gateway_configured: bool = False,
         bridge_info: dict[str, Any] | None = None,
         methods: list[str] | None = None,
-        knowledge: Any = None,
+        knowledge: KnowledgeService | None = None,
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     ) -> None:
         self.registry = registry

@@ -58,6 +58,18 @@ _LIVE = (TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING, TurnState.
 _CAN_STOP = (TurnState.QUEUED, TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING)
 
 
+_NO_OUTCOME = TurnOutcome("cancelled")
+"""What a turn cut off before its provider answered reports: no usage, no error of its own."""
+_last_turn_ns = 0
+
+
+def _new_turn_id() -> str:
+    """``turn-<nanoseconds since the epoch>`` (the original bridge's form), never the same twice."""
+    global _last_turn_ns
+    _last_turn_ns = max(time.time_ns(), _last_turn_ns + 1)
+    return f"turn-{_last_turn_ns}"
+
+
 class TurnHost(Protocol):
     """What a turn needs from the orchestrator."""
 
@@ -200,7 +212,7 @@ class Turn:
     async def _execute(self) -> None:
         spec, host = self._spec, self._host
         provider_id = spec.resolution.resolved_provider_id
-        self.turn_id = f"turn-{time.time_ns()}"
+        self.turn_id = _new_turn_id()
         self._started = time.monotonic()
         await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
         self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
@@ -277,7 +289,7 @@ class Turn:
 
     def _ended(self) -> TurnResult:
         status, code, message = self._verdict()
-        outcome = self._outcome or TurnOutcome(status)  # type: ignore[arg-type]
+        outcome = self._outcome or _NO_OUTCOME
         output = self.output
         self._parts = [output]  # one string from here on: a session keeps its last turn
         done_text = output if status == "completed" or output else message

@@ -70,7 +70,13 @@ def cut_utf8(text: str, max_bytes: int) -> str:
     encoded = text.encode("utf-8", "surrogatepass")
     if len(encoded) <= max_bytes:
         return text
-    return encoded[: max(0, max_bytes)].decode("utf-8", "ignore")
+    cut = encoded[: max(0, max_bytes)]
+    for trim in range(4):  # back off the bytes of a character the cut went through (at most 3)
+        try:
+            return cut[: len(cut) - trim].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            continue
+    return cut.decode("utf-8", "ignore")  # unreachable for text encoded above
 
 
 def utf8_len(text: str) -> int:

@@ -21,13 +21,19 @@ AUTH_HINT = (
     "agents get only an allow-listed environment: put the agent's API key under providers.<id>.env "
     "(or name it in envPassthrough), or set providers.<id>.authMethod to one of authMethods"
 )
+AUTH_HINT_NO_METHODS = (
+    "agents get only an allow-listed environment: put the agent's API key under providers.<id>.env "
+    "(or name it in envPassthrough), or log the agent in once from a terminal as the bridge's user"
+)
+"""For an agent that names no ``authMethods`` in ``initialize``: there is none to choose."""
 
 
-class TurnFailure(Exception):
-    """Ends the turn as ``failed`` with ``error``; ``kill`` ends the agent process too."""
+class TurnFailure:
+    """How a peer error ends the turn: ``failed`` with ``error``; ``kill`` ends the agent too."""
+
+    __slots__ = ("error", "kill")
 
     def __init__(self, code: str, message: str, data: dict[str, Any], *, kill: bool) -> None:
-        super().__init__(message)
         self.error = TurnError(code, message, data)
         self.kill = kill
 
@@ -44,6 +50,8 @@ def turn_failure(exc: PeerError, phase: str, conn: AcpConnection | None, tail_by
     tail = conn.process.stderr_tail(tail_bytes) if conn is not None else ""
     if isinstance(exc, PeerClosed):
         data = {"exitCode": exc.exit_code, "stderrTail": exc.stderr_tail}
+        if exc.exit_code is None:  # it closed stdout and lives on: it is ended with the turn
+            return TurnFailure("AGENT_EXITED", "agent closed its output while still running", data, kill=True)
         return TurnFailure("AGENT_EXITED", f"agent exited with code {exc.exit_code}", data, kill=True)
     if isinstance(exc, PeerProtocolError):
         return TurnFailure("AGENT_PROTOCOL_ERROR", str(exc), {"stderrTail": tail}, kill=True)
@@ -56,7 +64,7 @@ def turn_failure(exc: PeerError, phase: str, conn: AcpConnection | None, tail_by
     if exc.code == AUTH_REQUIRED:
         methods = [m.get("id") for m in conn.auth_methods] if conn is not None else []
         message = upstream["message"] or "authentication required"
-        data = {**upstream, "authMethods": methods, "hint": AUTH_HINT}
+        data = {**upstream, "authMethods": methods, "hint": AUTH_HINT if methods else AUTH_HINT_NO_METHODS}
         return TurnFailure("AGENT_AUTH_REQUIRED", message, data, kill=False)
     message = upstream["message"] or "agent error"
     detail = _detail(upstream["data"])

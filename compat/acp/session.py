@@ -184,6 +184,8 @@ class AcpSession:
             self._prompt = conn.start_prompt(session_id, prompt_blocks(request))
             result = await conn.prompt_result(self._prompt)
             conn.drain()  # what the agent wrote before its answer, read or not yet, is this turn's
+            if not conn.alive:  # a line over maxAgentLineBytes right behind the answer: end the agent
+                await self._drop_conn()
         except SpawnError as exc:
             data = {"command": exc.command, "reason": exc.reason}
             error = TurnError("AGENT_ERROR", redact(str(exc)), data)

@@ -23,10 +23,11 @@ from typing import Any
 
 import anyio
 
+from bridge.rpc.codec import scrub
 from bridge.rpc.redact import register_env_secrets
 from compat.base import ProbeResult, ProviderInfo, TurnError, TurnOutcome, TurnRequest, TurnSink
 from compat.process.env import ENV_NEVER, child_env
-from compat.profile.protocol import ClaudeStreamParser, ExecLineParser, fill_placeholders, protocol_env, wire_safe
+from compat.profile.protocol import ClaudeStreamParser, ExecLineParser, fill_placeholders, protocol_env
 from compat.profile.run import Launch, ProfileRun
 from compat.profile.settings import ProfileConfig, ProfileConfigError, resolve_runtime
 from compat.settings import Limits, Timeouts
@@ -113,7 +114,7 @@ class ProfileAdapter:
         profile = self.profile
         prefix = resolve_runtime(profile, self.profile_dir, where=self.where)
         values = {
-            "MESSAGE": wire_safe(request.prompt),
+            "MESSAGE": scrub(request.prompt),
             "SESSION_ID": upstream_session_id or "",
             "SESSION_NAME": request.thread_id or "default",
             "PROFILE_DIR": str(self.profile_dir),

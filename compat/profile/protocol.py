@@ -73,11 +73,6 @@ ParsedEvent = Partial | Body | SessionReport | ProfileFailed | TurnEvent
 # ---- text hygiene -------------------------------------------------------------------------------
 
 
-def wire_safe(text: str) -> str:
-    """Join surrogate pairs and replace lone surrogates with U+FFFD (``bridge.rpc.codec.scrub``)."""
-    return scrub(text)
-
-
 class PartialJoiner:
     """Holds a trailing high surrogate of one partial until the next (JS profiles that slice a
     string by UTF-16 index and ``JSON.stringify`` each piece split emoji this way)."""
@@ -89,7 +84,7 @@ class PartialJoiner:
         text, self._held = self._held + text, ""
         if text and "\ud800" <= text[-1] <= "\udbff":
             text, self._held = text[:-1], text[-1]
-        return wire_safe(text)
+        return scrub(text)
 
     def flush(self) -> str:
         held, self._held = self._held, ""
@@ -125,7 +120,7 @@ def protocol_env(
     request: TurnRequest, upstream_session_id: str | None, *, streaming: bool
 ) -> tuple[dict[str, str], bool]:
     """The ``AGENT_*`` variables for ``request``; also whether the message was truncated."""
-    message, truncated = message_for_env(wire_safe(request.prompt))
+    message, truncated = message_for_env(scrub(request.prompt))
     env = {
         "AGENT_MESSAGE": message,
         "AGENT_SESSION_ID": upstream_session_id or "",
@@ -173,7 +168,7 @@ class ExecLineParser:
         if line.startswith(_SESSION):
             return _session(line[len(_SESSION) :].decode("utf-8", "replace"))
         if line.startswith(_ERROR):
-            return [ProfileFailed(wire_safe(decode_json_text(line[len(_ERROR) :])))]
+            return [ProfileFailed(scrub(decode_json_text(line[len(_ERROR) :])))]
         text = line.decode("utf-8", "replace")
         first, self._seen_body = not self._seen_body, True
         if first and self._prefix and text.startswith(self._prefix):
@@ -267,9 +262,9 @@ class ClaudeStreamParser:
             events.append(UsageEvent(dict(self.usage)))
         text = message.get("result") if isinstance(message.get("result"), str) else ""
         if message.get("is_error") or message.get("subtype") not in (None, "success"):
-            events.append(ProfileFailed(wire_safe(text or str(message.get("subtype") or "claude-code failed"))))
+            events.append(ProfileFailed(scrub(text or str(message.get("subtype") or "claude-code failed"))))
         elif text:
-            events.append(Body(wire_safe(text), final=True))
+            events.append(Body(scrub(text), final=True))
         return events
 
 
@@ -280,9 +275,9 @@ def _stream_event(event: Any) -> list[ParsedEvent]:
     if not isinstance(delta, dict):
         return []
     if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str) and delta["text"]:
-        return [Partial(wire_safe(delta["text"]))]
+        return [Partial(scrub(delta["text"]))]
     if delta.get("type") == "thinking_delta" and isinstance(delta.get("thinking"), str):
-        return [ThoughtDelta(wire_safe(delta["thinking"]))]
+        return [ThoughtDelta(scrub(delta["thinking"]))]
     return []
 
 
@@ -315,5 +310,4 @@ __all__ = [
     "fill_placeholders",
     "message_for_env",
     "protocol_env",
-    "wire_safe",
 ]

@@ -264,3 +264,15 @@ def test_any_text_parses_or_raises_the_documented_errors(text):
 @given(_messages | st.lists(_messages, max_size=4) | _json)
 def test_any_json_value_becomes_requests_or_invalid_messages(value):
     _check(json.dumps(value))
+
+
+def test_cut_utf8_keeps_a_lone_surrogate_it_counted() -> None:
+    """A lone surrogate counts as the 3 bytes of the U+FFFD it becomes on the wire; the cut once
+    dropped it, and so the text after it moved up into the room."""
+    from bridge.rpc.codec import cut_utf8, scrub, utf8_len
+
+    text = "a\ud83db" + "x" * 10
+    cut = cut_utf8(text, 6)
+    assert cut == "a\ud83dbx" and utf8_len(cut) <= 6
+    assert scrub(cut) == "a\ufffdbx"
+    assert cut_utf8("héllo", 2) == "h" and cut_utf8("ab", 0) == ""

@@ -341,3 +341,26 @@ async def test_updates_for_unknown_sessions_are_bounded_in_all_and_warned_of_onc
         session._on_update({"sessionId": f"made-up-{i}", "update": update})
     assert len(session._early) == EARLY_UPDATES
     assert caplog.text.count("before session/new answered") == 1
+
+
+async def test_a_line_too_long_right_behind_the_answer_ends_the_agent(
+    make_agent: AgentFactory, monkeypatch: Any
+) -> None:
+    """The drain after the answer met the line (the reader had not read it yet): the turn keeps
+    its answer, and the agent, which can no longer be understood, is ended instead of idling on."""
+    from compat.process.child import AgentProcess
+    from compat.process.lines import LineTooLong
+
+    orch = await make_agent.orchestrator("ignore-term")  # stdin's end does not end it
+    real_drain = AgentProcess.drain
+
+    def drain_meets_a_long_line(self: AgentProcess) -> None:
+        real_drain(self)
+        raise LineTooLong("a stdout line passed 8388608 bytes")
+
+    monkeypatch.setattr(AgentProcess, "drain", drain_meets_a_long_line)
+    result = await orch.run_turn(turn("hi"), "local", Client(), start=True)
+    monkeypatch.undo()
+    pid = next(e["pid"] for e in read_log(make_agent.log) if e.get("event") == "prompt")
+    assert result.status == "completed"
+    await wait_gone([pid])

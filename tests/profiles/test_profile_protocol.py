@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from bridge.rpc.codec import scrub
 from compat.base import ThoughtDelta, ToolCallEvent, UsageEvent
 from compat.profile.protocol import (
     ENV_MESSAGE_MAX_BYTES,
@@ -20,7 +21,6 @@ from compat.profile.protocol import (
     fill_placeholders,
     message_for_env,
     protocol_env,
-    wire_safe,
 )
 from compat.profile.run import reply_rest
 
@@ -71,7 +71,7 @@ def test_a_surrogate_pair_split_over_two_partials_is_joined_and_lone_ones_are_re
     joiner = PartialJoiner()
     assert joiner.push("a\ud83d") == "a" and joiner.push("\ude00b") == "\U0001f600b"
     assert joiner.push("\udc00") == "\ufffd" and joiner.push("end\ud83d") == "end" and joiner.flush() == "\ufffd"
-    assert wire_safe("fine") == "fine" and orjson.dumps(wire_safe("x\ud800y"))
+    assert scrub("fine") == "fine" and orjson.dumps(scrub("x\ud800y"))
 
 
 def test_the_first_body_line_may_carry_the_session_with_a_configured_prefix() -> None:
