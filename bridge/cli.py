@@ -36,10 +36,12 @@ def _env(name: str) -> str | None:
     return value or None
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(config: BridgeConfig) -> None:
     from bridge.logs import configure
 
-    configure(level)
+    configure(config.log_level)
+    for warning in config.load_warnings:  # found before logging was set up
+        log.warning("%s", warning)
 
 
 @contextlib.asynccontextmanager
@@ -90,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.allow_insecure_no_auth:
         overrides["allowInsecureNoAuth"] = True
     config = load_config(args.config, overrides)
-    _setup_logging(config.log_level)
+    _setup_logging(config)
     check_exposure(config)
     sockets = listen(config.host, config.port)  # before anything starts: a port in use fails here
     run(config, build_app(config), sockets=sockets)
@@ -104,7 +106,7 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
     from bridge.stdio import serve_stdio
 
     config = load_config(args.config)
-    _setup_logging(config.log_level)
+    _setup_logging(config)
 
     async def main() -> None:
         async with running_orchestrator(config) as (_orch, dispatcher), anyio.create_task_group() as tg:

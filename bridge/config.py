@@ -3,7 +3,13 @@
 Precedence (docs/api.md "Configuration"): command-line flags, then environment variables
 (``BRIDGE_AUTH_TOKEN``, ``ACP_ALLOWED_ORIGINS``, ``BRIDGE_HOST``, ``BRIDGE_PORT``; empty values are
 ignored), then the file (``--config``, else ``BRIDGE_CONFIG_PATH``, else ``./xworkmate-bridge.yaml``
-when present). String values in the file may reference ``${VAR}``; a missing variable is an error.
+when present). String values in the file may reference the environment as shells do
+(``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``$$`` for ``$``); a variable that is not set
+is an error, one that is set but empty a warning (an error in ``authTokens``).
+
+Every problem of a file is reported in one run, each with its key path and line, and with a
+"quote it" hint where YAML turned a value meant as text into a boolean, number or time
+(``off``, ``no``, ``1.10``, ``0755``, ``22:22``).
 """
 
 from __future__ import annotations
@@ -28,12 +34,12 @@ from compat.settings import (
     SettingsError,
     Timeouts,
     convert,
+    expand_env,
     snake_case,
 )
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
 DEFAULT_FILE = "xworkmate-bridge.yaml"
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class ConfigError(Exception):
@@ -69,6 +75,9 @@ class BridgeConfig(Settings, frozen=True):
     profile_dir: str = msgspec.field(default_factory=os.getcwd, name="-")
     """Where relative profile paths start: the config file's folder. Set by :func:`load_config`
     (which overwrites a ``-`` key of the file), not a configuration key."""
+    load_warnings: tuple[str, ...] = msgspec.field(default=(), name="-warnings")
+    """What :func:`load_config` warns of (a variable set but empty), for the caller to log once
+    logging is set up; not a configuration key."""
 
     def __post_init__(self) -> None:
         named = [
@@ -96,32 +105,29 @@ class BridgeConfig(Settings, frozen=True):
         return [Path(os.path.expanduser(r)).resolve() for r in raw]
 
 
-def _expand(value: Any, where: str, missing: list[str] | None = None) -> Any:
-    """Replace ``${VAR}`` in every string; a missing variable is a ConfigError naming each key."""
-    top = missing is None
-    missing = [] if missing is None else missing
+def _expand(value: Any, problems: list[str], warnings: list[str]) -> Any:
+    """``value`` with every string's environment references replaced (:func:`expand_env`); each
+    variable not set is a problem, each set but empty a warning (a problem under ``authTokens``),
+    both naming the key."""
 
     def walk(item: Any, at: str) -> Any:
         if isinstance(item, str):
-
-            def sub(match: re.Match[str]) -> str:
-                name = match.group(1)
-                if name not in os.environ:
-                    missing.append(f"{at}: environment variable ${{{name}}} is not set")
-                    return ""
-                return os.environ[name]
-
-            return _VAR.sub(sub, item)
+            expanded = expand_env(item)
+            for name in expanded.missing:
+                problems.append(f"{at}: environment variable ${{{name}}} is not set")
+            for name in expanded.empty:
+                if at.split(".")[0] in ("authTokens", "auth_tokens"):
+                    problems.append(f"{at}: environment variable ${{{name}}} is empty (a token must not be)")
+                else:
+                    warnings.append(f"{at}: environment variable ${{{name}}} is set but empty")
+            return expanded.text
         if isinstance(item, dict):
             return {k: walk(v, f"{at}.{k}" if at else str(k)) for k, v in item.items()}
         if isinstance(item, list):
             return [walk(v, f"{at}.{i}") for i, v in enumerate(item)]
         return item
 
-    result = walk(value, where)
-    if top and missing:
-        raise ConfigError("\n".join(missing))
-    return result
+    return walk(value, "")
 
 
 def _env(name: str) -> str | None:
@@ -143,6 +149,12 @@ def find_config_file(explicit: str | None) -> Path | None:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    """The file's top-level mapping.
+
+    Raises:
+        ConfigError: unreadable, not YAML, nested too deeply, or not a mapping (nothing else can
+            be checked then).
+    """
     try:
         with path.open(encoding="utf-8") as stream:  # a stream, so YAML errors name the file
             raw = yaml.safe_load(stream)
@@ -156,12 +168,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    try:
-        return _expand(raw, "")
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply") from None
-    except ConfigError as exc:
-        raise ConfigError("\n".join(f"{path}: {line}" for line in str(exc).splitlines())) from None
+    return raw
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> BridgeConfig:
@@ -171,22 +178,36 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         path: the ``--config`` flag, if given.
         overrides: flag values (``host``, ``port``, …) that win over everything else.
 
+    Returns:
+        The configuration; its ``load_warnings`` are for the caller to log.
+
     Raises:
-        ConfigError: unreadable file, bad YAML, missing ``${VAR}``, or a key that fails validation
-            (the message names the first bad key; every missing ``${VAR}``).
+        ConfigError: unreadable file or bad YAML (alone), or every problem found: each variable
+            not set, each key that fails validation, each unusable profile or provider, one line
+            each (``<file>:<line>: <key path>: <message>``).
     """
     file = find_config_file(path)
     data = _read_file(file) if file else {}
     source = str(file) if file else "configuration"
-    if internal := next((k for k in ("-", "profile_dir", "profileDir") if k in data), None):
-        raise ConfigError(f"{source}: {internal}: unknown key")
+    problems: list[str] = []  # "<key path>: <message>" of the file's content
+    elsewhere: list[str] = []  # lines about values from the environment or flags
+    warnings: list[str] = []
+    try:
+        data = _expand(data, problems, warnings)
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+
+    for internal in [k for k in ("-", "-warnings", "profile_dir", "profileDir", "load_warnings") if k in data]:
+        problems.append(f"{internal}: unknown key")
+        del data[internal]
     given_by: dict[str, str] = {}  # key -> where its value came from, when not from the file
     for name, key, split in _ENV_KEYS:
         if value := _env(name):
             given_by[key] = f"environment variable {name}"
             data[key] = _split(value) if split else value
             if split and not data[key]:
-                raise ConfigError(f"{given_by[key]}: no value in it, only commas and blanks")
+                elsewhere.append(f"{given_by[key]}: no value in it, only commas and blanks")
+                del data[key]
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key], given_by[key] = value, "flag --" + snake_case(key).replace("_", "-")
@@ -194,20 +215,69 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         if (snake := snake_case(key)) != key:
             data.pop(snake, None)  # the file's snake_case spelling of a key set elsewhere
     base = file.resolve().parent if file else Path.cwd()
-    _split_profiles(data, base, source)
+    problems += _split_profiles(data, base)
+    reported = [line.partition(": ")[0] for line in problems]  # validation need not repeat these
     if isinstance(data.get("providers"), dict):
         from compat.acp.presets import with_preset
 
         data["providers"] = {k: with_preset(k, v) for k, v in data["providers"].items()}
     data["-"] = str(base)
+    config: BridgeConfig | None = None
     try:
-        return convert(data, BridgeConfig)
+        config = convert(data, BridgeConfig)
     except SettingsError as exc:
-        lines = []
         for p in exc.problems:
             origin = given_by.get(p.loc.partition(".")[0])
-            lines.append(f"{origin}: {p.msg}" if origin else f"{source}: {p.loc or '(top level)'}: {p.msg}")
-        raise ConfigError("\n".join(lines)) from exc
+            if origin:
+                elsewhere.append(f"{origin}: {p.msg}")
+            elif not any(_covers(loc, p.loc) for loc in reported):
+                problems.append(f"{p.loc or '(top level)'}: {p.msg}")
+    if isinstance(data.get("providers"), dict):
+        found = [line.partition(": ")[0] for line in problems]
+        entries = {k: v for k, v in data["providers"].items() if not any(_covers(f"providers.{k}", f) for f in found)}
+        problems += provider_problems(entries)  # only for entries with no problem of their own yet
+    if problems or elsewhere:
+        located = _locate_lines(problems, file) if file else [f": {line}" for line in problems]
+        raise ConfigError("\n".join([*(f"{source}{line}" for line in located), *elsewhere]))
+    assert config is not None
+    msgspec.structs.force_setattr(config, "load_warnings", tuple(f"{source}: {w}" for w in warnings))
+    return config
+
+
+def _covers(a: str, b: str) -> bool:
+    """Whether key paths ``a`` and ``b`` are one the other's part (``providers.x`` and
+    ``providers.x.env``): a problem at one makes one at the other a consequence, not news."""
+    return a == b or b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def provider_problems(providers: dict[str, Any]) -> list[str]:
+    """``providers.<id>.command: required …`` for each ACP entry with no command (a preset's
+    entries got theirs from the preset), with the preset it was probably meant to be.
+
+    Args:
+        providers: ``providers`` as validated (:class:`ProviderConfig` entries) or as loaded
+            (mappings; other shapes are validation's to report).
+    """
+    from compat.acp.presets import PRESETS
+
+    problems = []
+    for provider_id, entry in providers.items():
+        if isinstance(entry, ProviderConfig):
+            kind, command = entry.type, entry.command
+        elif isinstance(entry, dict) or entry is None:
+            kind, command = (entry or {}).get("type", "acp"), (entry or {}).get("command")
+        else:
+            continue
+        if kind == "acp" and not command:
+            if provider_id in PRESETS:
+                problems.append(f"providers.{provider_id}.command: required (it is given as null)")
+                continue
+            import difflib  # only on this error path
+
+            close = difflib.get_close_matches(provider_id, list(PRESETS), n=1, cutoff=0.75)
+            guess = f"; did you mean the preset {close[0]}?" if close else f"; the presets are {', '.join(PRESETS)}"
+            problems.append(f"providers.{provider_id}.command: required (the provider is not a preset{guess})")
+    return problems
 
 
 _ENV_KEYS = (
@@ -219,19 +289,93 @@ _ENV_KEYS = (
 """Environment variables that override a key of the file: ``(name, key, comma-separated)``."""
 
 
-def _split_profiles(data: dict[str, Any], base: Path, source: str) -> None:
+def _split_profiles(data: dict[str, Any], base: Path) -> list[str]:
     """Move exec profiles (``profiles:`` and ``providers.<id>: {type: profile}``) into
     ``data["profiles"]``, validated with the iLink key names; profiles and providers share one id
-    space (with no ``providers:`` key, the preset ids are taken)."""
+    space (with no ``providers:`` key, the preset ids are taken). Returns the problems of the
+    profiles that cannot be used (those are left out, so the rest can still be checked)."""
     from compat.acp.presets import PRESETS
 
     reserved = () if data.get("providers") is not None else (*PRESETS, "knowledge")
     try:
         profiles, providers = parse_profiles(
             data.pop("profiles", None), data.get("providers"), profile_dir=base, reserved=reserved, expand=False
-        )  # _read_file expanded ${VAR}
+        )  # load_config expanded the environment references
+        problems: list[str] = []
     except ProfileConfigError as exc:
-        raise ConfigError("\n".join(f"{source}: {line}" for line in str(exc).splitlines())) from exc
+        profiles, providers, problems = exc.found, exc.rest, str(exc).splitlines()
     if providers is not None:
         data["providers"] = providers
     data["profiles"] = profiles
+    return problems
+
+
+# ---- where a problem is in the file --------------------------------------------------------------
+
+_WRONG = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>bool|int|float|date|datetime)`")
+_YAML_KINDS = {
+    "tag:yaml.org,2002:bool": "a boolean",
+    "tag:yaml.org,2002:int": "a number",
+    "tag:yaml.org,2002:float": "a number",
+    "tag:yaml.org,2002:timestamp": "a date",
+}
+
+
+def _locate_lines(problems: list[str], file: Path) -> list[str]:
+    """Each ``<key path>: <message>`` as ``:<line>: <key path>: <message>`` where the key is found
+    in ``file`` (read again: only a file with problems is), with the "quote it" hint where YAML
+    typed a plain value the key wanted as text; in the file's order."""
+    try:
+        root = yaml.compose(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        root = None
+    out: list[tuple[int, str]] = []
+    for line in problems:
+        loc, _, msg = line.partition(": ")
+        key, value = _node_at(root, loc.split(".")) if root is not None and loc else (None, None)
+        node = value if value is not None else key
+        hint = ""
+        if isinstance(value, yaml.ScalarNode) and value.style is None and _WRONG.search(msg):
+            kind = _YAML_KINDS.get(value.tag)
+            if kind:
+                hint = f' (YAML reads {value.value} as {kind}; quote it: "{value.value}")'
+        elif msg.startswith("key ") and isinstance(value, yaml.MappingNode):  # a key that is not a string
+            typed = next((k for k, _ in value.value if k.tag in _YAML_KINDS and k.style is None), None)
+            if isinstance(typed, yaml.ScalarNode):
+                node = typed
+                hint = f' (YAML reads {typed.value} as {_YAML_KINDS[typed.tag]}; quote it: "{typed.value}")'
+        number = node.start_mark.line + 1 if node is not None else 0
+        out.append((number, f":{number}: {line}{hint}" if number else f": {line}{hint}"))
+    return [line for _, line in sorted(out, key=lambda item: item[0])]  # in the file's order
+
+
+def _node_at(root: yaml.Node, keys: list[str]) -> tuple[yaml.Node | None, yaml.Node | None]:
+    """The key node and the value node at ``keys`` (camelCase or snake_case, list indices as
+    digits); ``(None, None)`` where the path leaves the document."""
+    key_node: yaml.Node | None = None
+    node: yaml.Node | None = root
+    for key in keys:
+        if isinstance(node, yaml.MappingNode):
+            match = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value in (key, snake_case(key))),
+                None,
+            )
+            if match is None:  # a key YAML read as another type (no: → False) is named by its value
+                match = next(((k, v) for k, v in node.value if str(_scalar(k)) == key), None)
+            if match is None:
+                return key_node, None if key_node is None else node
+            key_node, node = match
+        elif isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            node = node.value[int(key)]
+        else:
+            return key_node, node
+    return key_node, node
+
+
+def _scalar(node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    try:
+        return yaml.safe_load(node.value) if node.style is None else node.value
+    except yaml.YAMLError:
+        return node.value

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
-from bridge.config import BridgeConfig, ConfigError
+from bridge.config import BridgeConfig, ConfigError, provider_problems
 from bridge.methods import METHOD_NAMES
 from bridge.rpc.redact import register_secret
 from compat.base import ProviderAdapter
@@ -34,12 +34,11 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
     if config.providers is None:
         entries = {**PRESETS, "knowledge": ProviderConfig(type="knowledge", label="Knowledge")}
         return entries, set(entries)
+    if problems := provider_problems(config.providers):  # load_config reports them; a config built in code too
+        raise ConfigError("\n".join(problems))
     entries: dict[str, ProviderConfig] = {}
     for provider_id, entry in config.providers.items():
         assert entry is not None  # BridgeConfig.__post_init__
-        if entry.type == "acp" and not entry.command:  # presets' entries got theirs in load_config
-            why = "it is given as null" if provider_id in PRESETS else "the provider is not a preset"
-            raise ConfigError(f"providers.{provider_id}.command: required ({why})")
         entries[provider_id] = entry
     return entries, {i for i, e in entries.items() if e.enabled}
 

@@ -15,8 +15,10 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import os
 import re
 import types
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import msgspec
@@ -53,31 +55,43 @@ class FieldInvalid(ValueError):
 class Problem(msgspec.Struct, frozen=True):
     """One validation failure: ``loc`` is the dotted key path (camelCase where the keys are);
     ``type`` is pydantic's name for the kind of failure (``extra_forbidden``, ``missing``,
-    ``string_type``, ``literal_error``, ``value_error``, …), or ``duplicate_key``."""
+    ``string_type``, ``literal_error``, ``value_error``, …), or ``duplicate_key``; ``path`` is
+    ``loc`` as the keys and list indices themselves (below ``where``), for finding the value in
+    its source; ``got`` is the value that failed, when one did."""
 
     loc: str
     msg: str
     type: str = "invalid"
+    path: tuple[Any, ...] = ()
+    got: Any = None
 
     def line(self) -> str:
         return f"{self.loc}: {self.msg}" if self.loc else self.msg
 
 
 class SettingsError(ValueError):
-    """Raw data does not fit a configuration shape. ``problems`` has the first failure (msgspec
-    stops at the first one); ``str()`` is one ``key: message`` line per problem."""
+    """Raw data does not fit a configuration shape. ``problems`` has every failure found (see
+    :func:`convert`); ``str()`` is one ``key: message`` line per problem."""
 
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("\n".join(p.line() for p in problems))
         self.problems = problems
 
 
+MAX_PROBLEMS = 50
+"""Problems :func:`convert` reports at most (a file of garbage is not a list of 10,000 lines)."""
+
+
 def convert(raw: Any, shape: type[T], where: str = "") -> T:
-    """Validate ``raw`` (YAML/JSON-loaded data) into ``shape``.
+    """Validate ``raw`` (YAML/JSON-loaded data) into ``shape``, reporting every problem at once.
 
     Lax like YAML users expect: ``"8787"`` is a valid port, an int a valid float. A key may also
     be spelled with its Python name (``max_running_turns`` for ``maxRunningTurns``), as it could
     when these shapes were pydantic models.
+
+    msgspec stops at the first failure, so each failing value is cut out of (a copy of) the data
+    and the rest validated again, until the data fits or :data:`MAX_PROBLEMS` are found. What
+    only followed from a cut (the key it removed is now missing) is not reported.
 
     Args:
         raw: The loaded data.
@@ -85,32 +99,83 @@ def convert(raw: Any, shape: type[T], where: str = "") -> T:
         where: The key path of ``raw`` in its file, prefixed to every problem's ``loc``.
 
     Raises:
-        SettingsError: The first problem, located by key (``limits.maxOutputBytes: Expected `int`,
-            got `str```; ``providers.x.foo: unknown key``).
+        SettingsError: Every problem found, each located by key (``limits.maxOutputBytes:
+            Expected `int`, got `str```; ``providers.x.foo: unknown key``), in the data's order.
     """
+    problems: list[Problem] = []
     try:
-        raw = _prepare(raw, shape, where)
-        return msgspec.convert(raw, shape, strict=False)
-    except msgspec.ValidationError as exc:
-        raise SettingsError([_problem(exc, raw, shape, where)]) from None
+        data = _prepare(raw, shape, where, problems)
     except RecursionError:
         raise SettingsError([Problem(where, "nested too deeply")]) from None
+    cut: list[tuple[Any, ...]] = []  # paths cut out so far
+    while True:
+        try:
+            value = msgspec.convert(data, shape, strict=False)
+        except msgspec.ValidationError as exc:
+            problem, keys = _problem(exc, data, shape, where)
+            if not any(_under(keys, gone) or _under(gone, keys) for gone in cut):
+                problems.append(problem)
+            remove = _removable(problem, keys)
+            if not remove or len(problems) >= MAX_PROBLEMS or remove in cut:
+                break
+            data = _without(data, remove)
+            cut.append(remove)
+            continue
+        except RecursionError:
+            problems.append(Problem(where, "nested too deeply"))
+            break
+        if not problems:
+            return value
+        break
+    raise SettingsError(problems)
 
 
-def _prepare(raw: Any, shape: Any, where: str = "") -> Any:
+def _under(path: tuple[Any, ...], prefix: tuple[Any, ...]) -> bool:
+    return path[: len(prefix)] == prefix
+
+
+def _removable(problem: Problem, keys: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The path to cut so the next validation gets past ``problem``: the failing key itself, the
+    struct a required key is missing from, or a list as a whole (cutting one element would
+    renumber the ones after it). ``()``: nothing can be cut (the top level failed)."""
+    if problem.type == "missing":
+        keys = keys[:-1]  # the struct the key is missing from
+    first_index = next((i for i, k in enumerate(keys) if isinstance(k, int)), None)
+    if first_index is not None:
+        keys = keys[:first_index]
+    return keys
+
+
+def _without(data: Any, path: tuple[Any, ...]) -> Any:
+    """A copy of ``data`` without the entry at ``path`` (copied along the path only)."""
+    if not path or not isinstance(data, dict) or path[0] not in data:
+        return data
+    out = dict(data)
+    if len(path) == 1:
+        del out[path[0]]
+    else:
+        out[path[0]] = _without(out[path[0]], path[1:])
+    return out
+
+
+_STRUCT = object()
+"""``Problem.got`` of a ``__post_init__`` refusal that is not about one field."""
+
+
+def _prepare(raw: Any, shape: Any, where: str, problems: list[Problem]) -> Any:
     """``raw`` as the pydantic models took it, for msgspec: each key that is a struct field's
     Python name renamed to its wire name, and the strings pydantic read as booleans (``yes``,
     ``off``, …, as a ``${VAR}`` gives them) or as numbers with surrounding blanks converted.
 
-    Raises:
-        SettingsError: A key given in both spellings (``duplicate_key``).
+    A key given in both spellings is a ``duplicate_key`` problem (appended to ``problems``); the
+    wire spelling is kept.
     """
     origin = get_origin(shape)
     if origin is Annotated:
-        return _prepare(raw, get_args(shape)[0], where)
+        return _prepare(raw, get_args(shape)[0], where, problems)
     if origin in (Union, types.UnionType):
         for arm in get_args(shape):
-            raw = _prepare(raw, arm, where)
+            raw = _prepare(raw, arm, where, problems)
         return raw
     if isinstance(raw, str):
         if shape is bool:
@@ -121,17 +186,18 @@ def _prepare(raw: Any, shape: Any, where: str = "") -> Any:
         for f in msgspec.structs.fields(shape):
             if f.name != f.encode_name and f.name in out:
                 if f.encode_name in out:
-                    raise SettingsError(
-                        [Problem(_join(where, f.encode_name), f"given twice, also as {f.name}", "duplicate_key")]
-                    )
-                out[f.encode_name] = out.pop(f.name)
+                    loc = _join(where, f.encode_name)
+                    problems.append(Problem(loc, f"given twice, also as {f.name}", "duplicate_key"))
+                    del out[f.name]
+                else:
+                    out[f.encode_name] = out.pop(f.name)
             if f.encode_name in out:
-                out[f.encode_name] = _prepare(out[f.encode_name], f.type, _join(where, f.encode_name))
+                out[f.encode_name] = _prepare(out[f.encode_name], f.type, _join(where, f.encode_name), problems)
         return out
     if isinstance(raw, list) and origin in (list, tuple) and get_args(shape):
-        return [_prepare(item, get_args(shape)[0], _join(where, str(i))) for i, item in enumerate(raw)]
+        return [_prepare(item, get_args(shape)[0], _join(where, str(i)), problems) for i, item in enumerate(raw)]
     if isinstance(raw, dict) and origin is dict and len(get_args(shape)) == 2:
-        return {k: _prepare(v, get_args(shape)[1], _join(where, str(k))) for k, v in raw.items()}
+        return {k: _prepare(v, get_args(shape)[1], _join(where, str(k)), problems) for k, v in raw.items()}
     return raw
 
 
@@ -140,6 +206,48 @@ _BOOLS = {
     **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False),
 }
 """The strings pydantic's lax mode reads as booleans."""
+
+
+_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\})")
+
+
+class Expanded(msgspec.Struct, frozen=True):
+    """A string with its environment references replaced (:func:`expand_env`): ``missing``
+    names variables that are not set (and had no default), ``empty`` those that are set but
+    empty and whose empty value was used."""
+
+    text: str
+    missing: tuple[str, ...] = ()
+    empty: tuple[str, ...] = ()
+
+
+def expand_env(text: str, environ: Mapping[str, str] | None = None) -> Expanded:
+    """Replace environment references in ``text`` as POSIX shells do (``sh`` "Parameter
+    Expansion"): ``${VAR}``; ``${VAR:-default}``, the default when ``VAR`` is unset or empty;
+    ``${VAR-default}``, the default when it is unset; and ``$$``, a literal ``$``. A default is
+    taken as written (not expanded again); any other ``$`` stays as it is."""
+    env = os.environ if environ is None else environ
+    missing: list[str] = []
+    empty: list[str] = []
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(1):
+            return "$"
+        name, op, default = match.group(2), match.group(3), match.group(4)
+        value = env.get(name)
+        if op == ":-" and not value:
+            return default
+        if op == "-" and value is None:
+            return default
+        if value is None:
+            missing.append(name)
+            return ""
+        if not value:
+            empty.append(name)
+        return value
+
+    result = _VAR.sub(sub, text) if "$" in text else text
+    return Expanded(result, tuple(missing), tuple(empty))
 
 
 def snake_case(key: str) -> str:
@@ -200,7 +308,8 @@ _TYPES = {
 that stay pydantic use those, so one request's ``data.errors`` speak one vocabulary)."""
 
 
-def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: str) -> Problem:
+def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: str) -> tuple[Problem, tuple[Any, ...]]:
+    """The problem ``exc`` reports, and the path in ``raw`` of what failed."""
     # msgspec's ValidationError is one string, "<message> - at `$.a[0].b`" (or "- at `key` in
     # `$.a`" for a dict key), with a dict's entry shown as `[...]`; the format has held since
     # msgspec 0.18 (pinned in pyproject; tests/bridge/test_config.py checks the keys it yields).
@@ -208,23 +317,34 @@ def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: st
     key_error = _AT_KEY.match(text)
     match = key_error or _AT.match(text)
     assert match is not None  # _AT matches any string
-    msg, path = match["msg"], match["path"] or "$"
-    steps = [m.group(1) or m.group(2) for m in _STEP.finditer(path)]
+    msg, where_at = match["msg"], match["path"] or "$"
+    steps = [m.group(1) or m.group(2) for m in _STEP.finditer(where_at)]
     keys = _locate(steps, raw, shape, text)
     labels = [str(k) for k in keys]
-    cause, kind = exc.__cause__, "invalid"
+    cause, kind, got = exc.__cause__, "invalid", _at(raw, keys)
+    path: list[Any] = list(keys)
     if key_error:
-        bad = next((k for k in _at(raw, keys) or () if not isinstance(k, str)), None)
+        bad = next((k for k in got or () if not isinstance(k, str)), None)
         msg = f"key {bad!r} must be a string" if bad is not None else f"{msg} (a key)"
+        got = bad
+        if bad is not None:
+            path.append(bad)
     elif isinstance(cause, FieldInvalid):
         labels.append(cause.field)
+        path.append(cause.field)
         msg, kind = cause.message, "value_error"
+        got = (got or {}).get(cause.field) if isinstance(got, dict) else None
+    elif isinstance(cause, ValueError):  # the struct's __post_init__ refused it as a whole
+        kind, got = "value_error", _STRUCT
     elif unknown := _UNKNOWN.match(msg):
         msg, kind = "unknown key" + _did_you_mean(unknown["name"], _type_at(shape, labels)), "extra_forbidden"
         labels.append(unknown["name"])
+        path.append(unknown["name"])
+        got = None
     elif missing := _MISSING.match(msg):
         labels.append(missing["name"])
-        msg, kind = "missing required key", "missing"
+        path.append(missing["name"])
+        msg, kind, got = "missing required key", "missing", None
     elif msg.startswith("Invalid enum value"):
         kind = "literal_error"
         if get_origin(declared := _type_at(shape, labels)) is Literal:
@@ -233,7 +353,8 @@ def _problem(exc: msgspec.ValidationError, raw: Any, shape: type[Any], where: st
         kind = _TYPES.get(wrong["type"], "type_error")
     elif msg.startswith("Expected `"):  # a constraint: "Expected `int` >= 1", "... of length <= 64"
         kind = "value_error"
-    return Problem(".".join([where, *labels] if where else labels), msg, kind)
+    loc = ".".join([where, *labels] if where else labels)
+    return Problem(loc, msg, kind, tuple(path), got), tuple(path)
 
 
 def _did_you_mean(name: str, struct: Any) -> str:

@@ -11,6 +11,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from compat.process.commands import agents_dir, find_command, version_key
-from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsError, convert
+from compat.settings import Count, FieldInvalid, Seconds, Settings, SettingsError, convert, expand_env
+
+logger = logging.getLogger(__name__)
 
 TSX_VERSION = "4.23.15"  # keep in step with scripts/install-profile-tools.sh
 CLAUDE_CLI = "node_modules/@anthropic-ai/claude-agent-sdk/cli.js"
@@ -37,11 +40,19 @@ RUNTIMES: Mapping[str, str] = {
     ".rb": "ruby",
 }
 _SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "fish", "ash"})
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class ProfileConfigError(ValueError):
-    """A profile cannot be used; the message names the profile and the key."""
+    """A profile cannot be used; the message names the profile and the key (one line each, when
+    :func:`parse_profiles` found several). ``found`` and ``rest``: what :func:`parse_profiles`
+    could use anyway."""
+
+    def __init__(
+        self, message: str, *, found: dict[str, ProfileConfig] | None = None, rest: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.found = found or {}
+        self.rest = rest
 
 
 class ProfileConfig(Settings, frozen=True, rename=None):
@@ -94,19 +105,18 @@ class ProfileConfig(Settings, frozen=True, rename=None):
 
 
 def expand_vars(value: str) -> str:
-    """Replace ``${VAR}`` from the bridge's environment.
+    """Replace environment references from the bridge's environment (``compat.settings.expand_env``:
+    ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``$$``).
 
     Raises:
-        ValueError: A referenced variable is not set.
+        ValueError: A referenced variable is not set (and has no default).
     """
-
-    def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in os.environ:
-            raise ValueError(f"environment variable ${{{name}}} is not set")
-        return os.environ[name]
-
-    return _VAR.sub(sub, value)
+    expanded = expand_env(value)
+    if expanded.missing:
+        raise ValueError(f"environment variable ${{{expanded.missing[0]}}} is not set")
+    for name in expanded.empty:
+        logger.warning("environment variable %s is set but empty", name)
+    return expanded.text
 
 
 def _shell_with_message(command: str | None, args: list[str]) -> bool:
@@ -191,8 +201,10 @@ def parse_profiles(
         ``({id: ProfileConfig}, providers without the profile entries)``, both in config order.
 
     Raises:
-        ProfileConfigError: An invalid profile, a missing runtime or script, or an id used twice
-            (profiles and providers share one id space).
+        ProfileConfigError: Every invalid profile, missing runtime or script, and id used twice
+            (profiles and providers share one id space), one line each; it carries the profiles
+            that are valid and the providers without the profile entries (``found``, ``rest``),
+            so the caller can go on to check the rest of the configuration.
     """
     if profiles is not None and not isinstance(profiles, Mapping):
         raise ProfileConfigError("profiles: must be a mapping of profile ids to profiles")
@@ -201,23 +213,32 @@ def parse_profiles(
     found: dict[str, ProfileConfig] = {}
     rest = None if providers is None else dict(providers)
     taken = set(reserved)
+    problems: list[str] = []
+
+    def parse(where: str, profile_id: str, raw: Any) -> None:
+        try:
+            profile = parse_profile(where, raw, expand=expand)
+            if check_runtime:
+                resolve_runtime(profile, profile_dir, where=where)
+        except ProfileConfigError as exc:
+            problems.extend(str(exc).splitlines())
+        else:
+            found[profile_id] = profile
+
     for profile_id, raw in (profiles or {}).items():
         if rest is not None and profile_id in rest:
-            raise ProfileConfigError(f"profiles.{profile_id}: the id is also used by providers.{profile_id}")
-        if profile_id in taken:
-            raise ProfileConfigError(
-                f"profiles.{profile_id}: the id is already used by the built-in provider {profile_id}"
-            )
-        found[str(profile_id)] = parse_profile(f"profiles.{profile_id}", raw, expand=expand)
+            problems.append(f"profiles.{profile_id}: the id is also used by providers.{profile_id}")
+        elif profile_id in taken:
+            problems.append(f"profiles.{profile_id}: the id is already used by the built-in provider {profile_id}")
+        else:
+            parse(f"profiles.{profile_id}", str(profile_id), raw)
     for provider_id, raw in (providers or {}).items():
         if isinstance(raw, Mapping) and raw.get("type") in ("profile", "claude-code"):
-            found[str(provider_id)] = parse_profile(f"providers.{provider_id}", raw, expand=expand)
+            parse(f"providers.{provider_id}", str(provider_id), raw)
             assert rest is not None
             del rest[provider_id]
-    if check_runtime:
-        for profile_id, profile in found.items():
-            where = f"profiles.{profile_id}" if profiles and profile_id in profiles else f"providers.{profile_id}"
-            resolve_runtime(profile, profile_dir, where=where)
+    if problems:
+        raise ProfileConfigError("\n".join(problems), found=found, rest=rest)
     return found, rest
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from bridge.config import ConfigError, load_config
@@ -108,19 +111,25 @@ def test_a_custom_acp_provider_needs_a_command(tmp_path):
         provider_configs(load_config(write(tmp_path, "providers:\n  mine: {label: Mine}\n")))
 
 
+def unlocated(error: Exception, file: object) -> str:
+    """The error's lines without their line numbers (``file:12: key: …`` → ``file: key: …``)."""
+    return re.sub(rf"(?m)^{re.escape(str(file))}:\d+: ", f"{file}: ", str(error))
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
         # a dict entry is named by its key, not by msgspec's `[...]`
         (
             "providers:\n  mine: {command: a, env: {API_KEY: 5}}\n",
-            "providers.mine.env.API_KEY: Expected `str`, got `int`",
+            'providers.mine.env.API_KEY: Expected `str`, got `int` (YAML reads 5 as a number; quote it: "5")',
         ),
         ("providers:\n  mine: {command: a, foo: 1}\n", "providers.mine.foo: unknown key"),
         (
             "providers:\n  ok: {command: a}\n  bad: {command: b, env: {K: 1}}\ntimeouts: {turnTimeout: -1}\n",
-            "providers.bad.env.K: Expected `str`, got `int`",
-        ),  # a later problem does not blame the first entry
+            'providers.bad.env.K: Expected `str`, got `int` (YAML reads 1 as a number; quote it: "1")\n'
+            "{file}: timeouts.turnTimeout: Expected `float` > 0.0",
+        ),  # a later problem does not blame the first entry, and both are reported
         (
             "knowledgeSources: [{id: a, protocol: local-wiki}]\n",
             "knowledgeSources.0.root: a local-wiki source needs root",
@@ -152,7 +161,7 @@ def test_an_error_names_the_exact_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))
     file = tmp_path / "cfg.yaml"
-    assert str(err.value) == f"{file}: " + message.replace("{file}", str(file))
+    assert unlocated(err.value, file) == f"{file}: " + message.replace("{file}", str(file))
 
 
 def test_a_value_from_the_environment_or_a_flag_is_blamed_on_it_not_on_the_file(tmp_path, monkeypatch):
@@ -204,7 +213,7 @@ def test_tokens_from_the_environment_replace_the_file_s_in_either_spelling_and_n
 def test_inputs_that_would_weaken_or_break_the_bridge_are_refused(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))
-    assert str(err.value).startswith(f"{tmp_path / 'cfg.yaml'}: {message}")
+    assert unlocated(err.value, tmp_path / "cfg.yaml").startswith(f"{tmp_path / 'cfg.yaml'}: {message}")
 
 
 def test_strings_that_pydantic_read_as_booleans_and_numbers_still_are(tmp_path, monkeypatch):
@@ -212,3 +221,134 @@ def test_strings_that_pydantic_read_as_booleans_and_numbers_still_are(tmp_path, 
     monkeypatch.setenv("XWM_TEST_PORT", "8080\r")  # a CRLF env file
     config = load_config(write(tmp_path, "allowInsecureNoAuth: '${XWM_TEST_INSECURE}'\nport: '${XWM_TEST_PORT}'\n"))
     assert config.allow_insecure_no_auth is True and config.port == 8080
+
+
+# ---- every problem at once (issue: rough edges) ----------------------------------------------------
+
+
+def test_every_problem_of_a_file_is_reported_in_one_run_with_its_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("XWM_TEST_UNSET", raising=False)
+    text = (
+        "port: abc\n"  # 1
+        "limits:\n"
+        "  maxQueuedTurnz: 3\n"  # 3
+        "providers:\n"
+        "  codx: {}\n"  # 5
+        "  mine: {command: /bin/true, permisionPolicy: allow}\n"  # 6
+        "profiles:\n"
+        "  bot: {command: /bin/true, bogus: 1}\n"  # 8
+        "workspaceRoots: ['${XWM_TEST_UNSET}']\n"  # 9
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    file = tmp_path / "cfg.yaml"
+    assert str(err.value).splitlines() == [
+        f"{file}:1: port: Expected `int`, got `str`",
+        f"{file}:3: limits.maxQueuedTurnz: unknown key (did you mean maxQueuedTurns?)",
+        f"{file}:5: providers.codx.command: required (the provider is not a preset; did you mean the preset codex?)",
+        f"{file}:6: providers.mine.permisionPolicy: unknown key (did you mean permissionPolicy?)",
+        f"{file}:8: profiles.bot.bogus: unknown key",
+        f"{file}:9: workspaceRoots.0: environment variable ${{XWM_TEST_UNSET}} is not set",
+    ]
+
+
+@pytest.mark.parametrize(
+    "value,kind",
+    [
+        ("off", "a boolean"),
+        ("no", "a boolean"),
+        ("1.10", "a number"),
+        ("0755", "a number"),
+        ("22:22", "a number"),
+        ("2024-01-01", "a date"),
+    ],
+)
+def test_a_value_yaml_typed_where_text_was_meant_gets_a_quote_it_hint(tmp_path, value, kind):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, f"providers:\n  mine:\n    command: /bin/true\n    label: {value}\n"))
+    assert str(err.value).endswith(
+        f'providers.mine.label: Expected `str | null`, got `{_got(value)}` (YAML reads {value} as {kind}; quote it: "{value}")'
+    )
+    assert ":4: providers.mine.label" in str(err.value)
+
+
+def _got(value: str) -> str:
+    return {"off": "bool", "no": "bool", "1.10": "float", "2024-01-01": "date"}.get(value, "int")
+
+
+def test_a_key_yaml_typed_gets_the_hint_too(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "providers:\n  mine:\n    command: /bin/true\n    env: {no: x}\n"))
+    assert 'must be a string (YAML reads no as a boolean; quote it: "no")' in str(err.value)
+
+
+def test_a_quoted_value_gets_no_hint(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "port: 'abc'\n"))
+    assert "quote it" not in str(err.value)
+
+
+# ---- environment references as shells do them -------------------------------------------------------
+
+
+def test_environment_references_follow_the_shell(tmp_path, monkeypatch):
+    monkeypatch.setenv("XWM_SET", "http://set.test")
+    monkeypatch.setenv("XWM_EMPTY", "")
+    monkeypatch.delenv("XWM_UNSET", raising=False)
+    origins = [
+        "${XWM_SET}",  # set
+        "${XWM_UNSET:-http://a.test}",  # unset: the default
+        "${XWM_EMPTY:-http://b.test}",  # empty: the default
+        "${XWM_UNSET-http://c.test}",  # unset: the default
+        "x${XWM_EMPTY-http://d.test}",  # set though empty: the empty value (warned of)
+        "cost: $$5 and $HOME",  # $$ is a $; a bare $NAME is left as written
+    ]
+    config = load_config(write(tmp_path, "allowedOrigins:\n" + "".join(f"  - '{o}'\n" for o in origins)))
+    assert config.allowed_origins == [
+        "http://set.test",
+        "http://a.test",
+        "http://b.test",
+        "http://c.test",
+        "x",
+        "cost: $5 and $HOME",
+    ]
+    assert config.load_warnings == (
+        f"{tmp_path / 'cfg.yaml'}: allowedOrigins.4: environment variable ${{XWM_EMPTY}} is set but empty",
+    )
+
+
+def test_an_empty_variable_in_auth_tokens_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("XWM_EMPTY_TOKEN", "")
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "authTokens: ['${XWM_EMPTY_TOKEN}']\n"))
+    assert str(err.value).splitlines() == [
+        f"{tmp_path / 'cfg.yaml'}:1: authTokens.0: environment variable ${{XWM_EMPTY_TOKEN}} is empty (a token must not be)"
+    ]
+
+
+def test_a_serve_logs_the_warnings_of_its_configuration(tmp_path):
+    import subprocess
+    import sys
+
+    path = Path(write(tmp_path, "allowedOrigins: ['${XWM_EMPTY}http://x.test']\nport: 70000\n"))
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XWM_EMPTY": ""},
+        timeout=30,
+    )
+    assert done.returncode == 2 and "port: Expected `int` <= 65535" in done.stderr  # a problem: no start
+    path.write_text("allowedOrigins: ['${XWM_EMPTY}http://x.test']\nhost: 192.0.2.1\nallowInsecureNoAuth: true\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XWM_EMPTY": ""},
+        timeout=30,
+    )
+    assert done.returncode == 3  # it got as far as listening
+    assert (
+        "WARNING" in done.stderr
+        and "allowedOrigins.0: environment variable ${XWM_EMPTY} is set but empty" in done.stderr
+    )

@@ -83,12 +83,15 @@ def test_every_json_block_in_the_doc_parses():
         loads(block)
 
 
-def test_config_example_is_a_valid_configuration(monkeypatch):
+def test_config_example_is_a_valid_configuration(monkeypatch, tmp_path):
     for var in ("MY_BRIDGE_TOKEN", "GEMINI_API_KEY", "MY_API_KEY"):
         monkeypatch.setenv(var, "x" * 8)
-    from bridge.config import _expand
+    from bridge.config import load_config
 
-    convert(_expand(yaml.safe_load(EXAMPLES["config"][1]), ""), BridgeConfig)
+    path = tmp_path / "bridge.yaml"
+    path.write_text(EXAMPLES["config"][1])
+    config = load_config(str(path))
+    assert config.load_warnings == () and isinstance(config, BridgeConfig)
 
 
 def test_knowledge_config_example_is_valid():

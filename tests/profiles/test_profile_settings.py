@@ -217,3 +217,19 @@ def test_every_profile_run_asks_python_for_line_buffered_output() -> None:
 
     assert _profile_env({}, {})["PYTHONUNBUFFERED"] == "1" == LINE_BUFFERED_ENV["PYTHONUNBUFFERED"]
     assert _profile_env({"PYTHONUNBUFFERED": ""}, {})["PYTHONUNBUFFERED"] == ""  # the profile's env wins
+
+
+def test_every_unusable_profile_is_reported_at_once_and_the_good_ones_kept(tmp_path: Path) -> None:
+    profiles = {
+        "a": {"script": "gone.py"},
+        "good": {"command": shutil.which("true")},
+        "b": {"command": shutil.which("true"), "bogus": 1, "timeout_secs": "x"},
+    }
+    with pytest.raises(ProfileConfigError) as err:
+        parse_profiles(profiles, None, profile_dir=tmp_path)
+    assert str(err.value).splitlines() == [
+        f"profiles.a.script: '{tmp_path / 'gone.py'}' does not exist",
+        "profiles.b.bogus: unknown key",
+        "profiles.b.timeout_secs: Expected `float`, got `str`",
+    ]
+    assert list(err.value.found) == ["good"]
