@@ -21,6 +21,12 @@ from bridge.rpc.stream import EnvelopeStream
 log = logging.getLogger(__name__)
 
 
+CACHE_CONTROL = "no-cache, no-transform"
+"""Proxies and CDNs that transform responses (compression, buffering) hold an event stream back
+unless told ``no-transform``; sse-starlette's own ``no-store`` does not say it. sse-starlette also
+sends ``X-Accel-Buffering: no`` (nginx)."""
+
+
 class SseReply(EventSourceResponse):
     """An SSE response: the request's notifications as they happen, then its reply (or the batch
     array), then ``data: [DONE]``; a comment line every ``keepalive`` seconds keeps idle streams
@@ -46,6 +52,7 @@ class SseReply(EventSourceResponse):
         self._stream = EnvelopeStream(self._offer)
         self._ctx = CallContext(ctx.principal, self._stream.notify, ctx.connection_id)
         self._rpc_scope: anyio.CancelScope | None = None
+        headers = {**headers, "Cache-Control": CACHE_CONTROL}
         super().__init__(_events(self._outbox), headers=headers, ping=keepalive, sep="\n")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

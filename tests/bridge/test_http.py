@@ -340,6 +340,15 @@ async def test_sse_streams_notifications_then_the_reply_then_done(handlers):
     assert done == "[DONE]"
 
 
+async def test_sse_tells_proxies_not_to_cache_or_transform_the_stream(handlers):
+    """``no-store`` (sse-starlette's default) does not stop a transforming proxy or CDN from
+    buffering or compressing the stream; ``no-transform`` does."""
+    async with client(handlers) as http:
+        response = await http.post("/acp/rpc", json=request("test.stream", {"n": 1}, "r1"), headers=SSE)
+    assert response.headers["cache-control"] == "no-cache, no-transform"
+    assert response.headers["x-accel-buffering"] == "no"
+
+
 async def test_sse_batch_streams_every_notification_then_the_array_then_done(handlers):
     batch = [
         request("test.stream", {"n": 2}, 1),
