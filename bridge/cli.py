@@ -166,22 +166,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.model:
         params["model"] = args.model
 
-    shown = {"text": ""}
-
-    def show(note: dict[str, Any]) -> None:
-        update = note.get("params") or {}
-        kind = update.get("type")
-        if kind == "delta":
-            shown["text"] = update.get("delta", "")
-            sys.stdout.write(shown["text"])
-            sys.stdout.flush()
-        elif kind in ("tool_call", "permission") or (kind == "status" and update.get("event") == "started"):
-            title = (update.get("toolCall") or {}).get("title") or update.get("message") or kind
-            print(f"[{kind}] {title}", file=sys.stderr, flush=True)  # progress, kept off stdout
+    view = ChatView(sys.stdout, sys.stderr)
 
     async def run() -> dict[str, Any]:
         try:
-            return await call(args.url, "session.start", params, token=args.token, on_notification=show)
+            return await call(args.url, "session.start", params, token=args.token, on_notification=view.show)
         finally:  # the agent process should not outlive the command (it would idle for idleTimeout)
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await _quietly(
@@ -191,8 +180,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     started = time.monotonic()
     reply = anyio.run(run)
     seconds = time.monotonic() - started
-    if shown["text"] and not shown["text"].endswith("\n"):
-        sys.stdout.write("\n")
+    view.close()
     if "error" in reply:
         _explain(reply["error"])
         return 1
@@ -202,6 +190,54 @@ def cmd_chat(args: argparse.Namespace) -> int:
     summary = turn_summary(result, seconds)
     print(summary)
     return 0 if result.get("success") else 1
+
+
+class ChatView:
+    """What ``chat`` shows of a turn's updates: the agent's text on ``out`` as it streams,
+    progress lines on ``err`` (``[tool_call] Read file``); a ``waiting`` update is one line that
+    updates in place on a terminal (and goes once anything else arrives), a line each elsewhere."""
+
+    def __init__(self, out: Any, err: Any) -> None:
+        self._out, self._err = out, err
+        self._tty = bool(getattr(err, "isatty", lambda: False)())
+        self._waiting = False  # a waiting line is on the terminal
+        self._last_text = ""
+
+    def show(self, note: dict[str, Any]) -> None:
+        update = note.get("params") or {}
+        kind, event = update.get("type"), update.get("event")
+        if kind == "status" and event == "waiting":
+            line = f"[waiting] {update.get('message') or 'waiting'}"
+            if self._tty:
+                self._err.write(f"\r\x1b[K{line}")
+                self._waiting = True
+            else:
+                self._err.write(line + "\n")
+            self._err.flush()
+            return
+        if kind == "delta":
+            self._clear()
+            self._last_text = update.get("delta", "")
+            self._out.write(self._last_text)
+            self._out.flush()
+        elif kind in ("tool_call", "permission") or (kind == "status" and event == "started"):
+            self._clear()
+            title = (update.get("toolCall") or {}).get("title") or update.get("message") or kind
+            self._err.write(f"[{kind}] {title}\n")  # progress, kept off stdout
+            self._err.flush()
+
+    def close(self) -> None:
+        """End the output: the waiting line goes, the text ends with a newline."""
+        self._clear()
+        if self._last_text and not self._last_text.endswith("\n"):
+            self._out.write("\n")
+            self._out.flush()
+
+    def _clear(self) -> None:
+        if self._waiting:
+            self._err.write("\r\x1b[K")
+            self._err.flush()
+            self._waiting = False
 
 
 def cited_sources(result: dict[str, Any]) -> list[str]:

@@ -442,6 +442,7 @@ class Timeouts(Settings, frozen=True):
     permission_timeout: Seconds = 60.0
     probe_interval: Seconds = 15.0
     session_idle_timeout: Seconds = 3600.0  # an idle session is forgotten after this
+    progress_interval: Seconds = 10.0  # silence in a turn before a "waiting" status update
 
 
 class Limits(Settings, frozen=True):

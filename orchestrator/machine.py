@@ -13,8 +13,8 @@ or raises. Nothing else assigns a turn's state.
 
   (STARTING also goes to FINISHING on result, timeout or crash; the table below is the truth.)
 
-- STARTING: the turn has its slots and a ``turnId``; the provider prepares (spawns the agent,
-  opens its session). RUNNING: the provider reported it began the work (ACP: prompt sent).
+- STARTING: the turn has its session and a ``turnId``; it waits for one of ``maxRunningTurns``,
+  then the provider prepares (spawns the agent, opens its session). RUNNING: the provider reported it began the work (ACP: prompt sent).
 - CANCELLING: a stop was asked (the first *cause* is kept: it decides the final status); the
   provider is asked to stop gracefully, or the turn is cut off at once.
 - FINISHING: the provider's outcome is known (``result``), it was cut off (``stopped``), the turn
@@ -44,7 +44,7 @@ class TurnState(enum.Enum):
 class Trigger(enum.Enum):
     """What happens to a turn, and where each comes from."""
 
-    ADMIT = "admit"  # the session's and the bridge's turn slots are this turn's (Turn.run)
+    ADMIT = "admit"  # the session is this turn's (Turn.run); it waits for a bridge-wide slot in STARTING
     BEGIN = "begin"  # the provider began the work: ACP prompt sent (TurnSink.begin)
     CANCEL = "cancel"  # session.cancel (Orchestrator.cancel)
     CLOSE = "close"  # session.close: no grace (Orchestrator.close)

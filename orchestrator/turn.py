@@ -138,6 +138,8 @@ class Turn:
         self._started = 0.0
         self._announced = False  # the ``started`` update is out: a ``done`` must follow
         self._history_index: int | None = None  # where this turn's answer sits in the session's history
+        self._quiet_since = 0.0  # anyio time of the last update published (or of the wait's start)
+        self._waiting_for_slot = False  # waiting for one of maxRunningTurns
 
     @property
     def state(self) -> TurnState:
@@ -199,9 +201,11 @@ class Turn:
         try:
             with self._scope:
                 await self._session.wait_turn(self)
-                async with self._host.running:  # bounds concurrent turns (agent spawns) bridge-wide
-                    self.fire(Trigger.ADMIT)
+                self.fire(Trigger.ADMIT)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._report_waits)
                     await self._execute()
+                    tg.cancel_scope.cancel()
         except Exception:
             log.exception("turn %s on session %s failed unexpectedly", self.turn_id, self._session.session_id[:80])
             if self.machine.allows(Trigger.CRASH):
@@ -214,12 +218,20 @@ class Turn:
         provider_id = spec.resolution.resolved_provider_id
         self.turn_id = _new_turn_id()
         self._started = time.monotonic()
-        await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
-        self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
         self._scope.deadline = anyio.current_time() + host.timeouts.turn_timeout
         self._announced = True
         self.publish(updates.started())
         self._send_unsent_state()
+        self._waiting_for_slot = True
+        async with host.running:  # bounds the turns running at once (agent spawns), bridge-wide
+            self._waiting_for_slot = False
+            self._quiet_since = anyio.current_time()  # a new wait: for the agent to start
+            await self._run_provider(provider_id)
+
+    async def _run_provider(self, provider_id: str) -> None:
+        spec, host = self._spec, self._host
+        await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
+        self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
         request = TurnRequest(
             session_id=self._session.session_id,
             thread_id=self._session.thread_id,
@@ -265,6 +277,31 @@ class Turn:
         finally:
             self._session.release(self)
             self.ended.set()
+
+    async def _report_waits(self) -> None:
+        """While the turn starts or runs and nothing has been published for ``progressInterval``
+        seconds, publish a ``waiting`` status update (and again each interval the silence lasts),
+        so a client can tell a wait from a hang. An ordinary update: numbered and logged."""
+        interval = self._host.timeouts.progress_interval
+        next_at = self._quiet_since + interval
+        while True:
+            await anyio.sleep_until(next_at)
+            now = anyio.current_time()
+            if now - self._quiet_since < interval:  # something was published meanwhile
+                next_at = self._quiet_since + interval
+                continue
+            reason = self._wait_reason()
+            if reason is not None:
+                self.publish(updates.waiting(reason, int(now - self._quiet_since)), quiet=True)
+            next_at = now + interval
+
+    def _wait_reason(self) -> str | None:
+        state = self.machine.state
+        if state is TurnState.STARTING:
+            return "capacity" if self._waiting_for_slot else "starting"
+        if state is TurnState.RUNNING:
+            return "permission" if self._session.permissions else "output"
+        return None  # stopping or finishing: the end is bounded and near
 
     # ---- the end ---------------------------------------------------------------------------------
 
@@ -378,6 +415,7 @@ class Turn:
         """The provider began the work (ACP: its prompt is out)."""
         if self.machine.state in (TurnState.STARTING, TurnState.CANCELLING):
             self.fire(Trigger.BEGIN)
+            self._quiet_since = anyio.current_time()  # a new wait: for the agent's output
 
     def emit(self, event: TurnEvent) -> None:
         if isinstance(event, TextDelta):
@@ -412,8 +450,11 @@ class Turn:
             self._session.permissions.pop(request_id, None)
         return pending.option_id
 
-    def publish(self, params: dict[str, Any]) -> None:
-        """Log ``params`` as this turn's next update (numbered) and send it to its connection."""
+    def publish(self, params: dict[str, Any], *, quiet: bool = False) -> None:
+        """Log ``params`` as this turn's next update (numbered) and send it to its connection.
+        ``quiet``: a ``waiting`` update, which does not end the silence it reports."""
+        if not quiet:
+            self._quiet_since = anyio.current_time()
         full = {"sessionId": self._session.session_id, "threadId": self._session.thread_id, "turnId": self.turn_id}
         full.update(params)
         self._session.log.append(full)

@@ -59,6 +59,25 @@ def done(status: str, message: str, error_code: str | None) -> dict[str, Any]:
     return params
 
 
+WAIT_TEXT = {
+    "capacity": "waiting for a free turn slot (maxRunningTurns)",
+    "starting": "waiting for the agent to start",
+    "output": "waiting for the agent's output",
+    "permission": "waiting for a permission answer (session.permission)",
+}
+"""What each ``waiting`` reason says (docs/api.md "Update stream")."""
+
+
+def waiting(reason: str, seconds: int) -> dict[str, Any]:
+    """``status`` / ``waiting``: nothing was published for ``seconds`` (whole seconds) while the
+    turn waits for ``reason``: ``capacity``, ``starting``, ``output`` or ``permission``."""
+    message = f"{WAIT_TEXT[reason]} ({seconds} s)"
+    params = status("waiting", message)
+    params["reason"] = reason
+    params["waitedSeconds"] = seconds
+    return params
+
+
 def status(event: str, message: str = "", data: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ``status`` update; ``event`` is the raw kind (never ``completed``: that is ``done``'s)."""
     params: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -259,3 +260,39 @@ def test_a_bridge_that_answers_what_is_not_json_is_a_transport_error(tmp_path):
         server.close()
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "answered something that is not JSON" in done.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _note(**update):
+    return {"method": "session.update", "params": update}
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+def test_chat_shows_a_wait_on_one_line_that_updates(terminal):
+    from bridge.cli import ChatView
+
+    out, err = io.StringIO(), (_Terminal() if terminal else io.StringIO())
+    view = ChatView(out, err)
+    view.show(_note(type="status", event="started", message="session started"))
+    view.show(_note(type="status", event="waiting", reason="output", message="waiting for the agent's output (10 s)"))
+    view.show(_note(type="status", event="waiting", reason="output", message="waiting for the agent's output (20 s)"))
+    view.show(_note(type="delta", event="delta", delta="Hello"))
+    view.close()
+    assert out.getvalue() == "Hello\n"
+    if terminal:  # rewritten in place, then erased before the text
+        assert err.getvalue() == (
+            "[status] session started\n"
+            "\r\x1b[K[waiting] waiting for the agent's output (10 s)"
+            "\r\x1b[K[waiting] waiting for the agent's output (20 s)"
+            "\r\x1b[K"
+        )
+    else:
+        assert err.getvalue().splitlines() == [
+            "[status] session started",
+            "[waiting] waiting for the agent's output (10 s)",
+            "[waiting] waiting for the agent's output (20 s)",
+        ]

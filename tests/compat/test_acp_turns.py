@@ -364,3 +364,15 @@ async def test_a_line_too_long_right_behind_the_answer_ends_the_agent(
     pid = next(e["pid"] for e in read_log(make_agent.log) if e.get("event") == "prompt")
     assert result.status == "completed"
     await wait_gone([pid])
+
+
+async def test_an_agent_silent_after_the_prompt_is_reported_as_waited_for(make_agent: AgentFactory) -> None:
+    orch = await make_agent.orchestrator("silent", timeouts={"progress_interval": 0.1})
+    client = Client()
+    async with anyio.create_task_group() as tg:
+        box = start(tg, orch, client)
+        await client.wait_for(lambda u: any(x.get("reason") == "output" for x in u))
+        orch.cancel("s1", "local")
+        result = await box.wait()
+    reasons = [u["reason"] for u in client.updates if u.get("event") == "waiting"]
+    assert result.status == "cancelled" and set(reasons) <= {"starting", "output"}  # as the agent starts, then answers

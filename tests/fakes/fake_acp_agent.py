@@ -39,6 +39,7 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
     surrogate        a chunk and the prompt result's _meta carry a lone UTF-16 surrogate, as
                      Node agents write when they cut a string ("\ud83d")
     between-turns    20 ms after answering the prompt: a current_mode_update (between turns)
+    silent           on the prompt: writes nothing until cancelled (a model that never answers)
     bad-utf8         a chunk and the prompt result's _meta carry bytes that are not UTF-8
                      ("a\xff\xfeb", "caf\xe9", as a Latin-1 tool output gives them)
 
@@ -380,6 +381,9 @@ class FakeAgent:
         if "surrogate" in modes:
             self.chunk(sid, "smile \ud83d")  # cut inside the surrogate pair of U+1F600
             return "end_turn"
+        if "silent" in modes:
+            cancelled.wait(600)
+            return "cancelled"
         if "bad-utf8" in modes:
             content = {"type": "text", "text": "@BAD1@"}
             params = {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk", "content": content}}

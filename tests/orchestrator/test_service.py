@@ -264,7 +264,8 @@ async def test_cancel_reaches_a_turn_that_has_not_started_its_provider_turn(orch
         assert orch.cancel("s1", "local") == {"accepted": True, "cancelled": True}
         gate.set()
     orch.registry.wait_probe = original
-    assert box["r"]["status"] == "cancelled" and rec.notes == []
+    # it had started (waiting for its provider's probe is part of starting): started, then done
+    assert box["r"]["status"] == "cancelled" and [u["type"] for u in rec.updates] == ["status", "done"]
 
 
 async def test_idle_sessions_are_evicted_to_make_room(tmp_path):

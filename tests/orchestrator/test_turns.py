@@ -363,3 +363,69 @@ async def test_chunks_behind_the_result_cost_no_more_than_the_output_they_add(tm
     assert answer.startswith("a ") and len(answer.encode()) == 1000
     late = [u for u in client.updates if u["type"] == "delta"][1:]
     assert sum(len(u["delta"]) for u in late) == 1000 - len("a ")
+
+
+# ---- waits that look like hangs ---------------------------------------------------------------------
+
+
+def waits(client: Client) -> list[str]:
+    return [u["reason"] for u in client.updates if u.get("event") == "waiting"]
+
+
+async def until_waiting(client: Client, reason: str) -> dict[str, Any]:
+    with anyio.fail_after(WAIT):
+        while reason not in waits(client):
+            client._changed = anyio.Event()
+            await client._changed.wait()
+    return next(u for u in client.updates if u.get("reason") == reason)
+
+
+@pytest.mark.parametrize(("prompt", "reason"), [("slow-start", "starting"), ("hang", "output"), ("ask", "permission")])
+async def test_a_silent_turn_says_what_it_waits_for(tmp_path: Path, prompt: str, reason: str) -> None:
+    """OpenCode with no reachable model sat at "session started" for 69 s: a client could not
+    tell a wait from a hang."""
+    adapter = FakeAdapter()
+    async with (
+        in_background(orchestrator(tmp_path, adapter, progress_interval=0.05)) as orch,
+        anyio.create_task_group() as tg,
+    ):
+        client, box = Harness(orch, adapter, tg).start(prompt)
+        update = await until_waiting(client, reason)
+        await until_waiting(client, reason)  # again, each interval the silence lasts
+        orch.cancel("s1", "local")
+        await box.wait()
+    assert update["type"] == "status" and update["turnId"] == client.updates[0]["turnId"]
+    assert update["message"].startswith("waiting for ") and isinstance(update["waitedSeconds"], int)
+    assert set(waits(client)) == {reason}
+    seqs = [u["seq"] for u in client.updates]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # ordinary updates, numbered
+
+
+async def test_a_turn_waiting_for_a_running_slot_says_so(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    registry = ProviderRegistry({"fake": adapter}, {"fake"})
+    limits = Limits(max_running_turns=1)
+    timeouts = Timeouts(cancel_grace=0.5, progress_interval=0.05)
+    async with (
+        in_background(Orchestrator(registry, [tmp_path.resolve()], limits, timeouts)) as orch,
+        anyio.create_task_group() as tg,
+    ):
+        harness = Harness(orch, adapter, tg)
+        busy, first = harness.start("hang", session="busy")
+        await busy.wait_for("delta")
+        client, second = harness.start("echo later", session="later")
+        await until_waiting(client, "capacity")
+        orch.cancel("busy", "local")
+        result = await second.wait()
+        await first.wait()
+    assert result.status == "completed" and waits(client)[0] == "capacity"
+    assert client.updates[0]["type"] == "status" and client.updates[0]["event"] == "started"
+
+
+async def test_no_waiting_update_while_output_streams(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter, progress_interval=0.05)) as orch:
+        client = Client()
+        params = TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "echo a b c"})
+        result = await orch.run_turn(params, "local", client, start=True)
+    assert result.status == "completed" and waits(client) == []
