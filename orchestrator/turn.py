@@ -226,16 +226,16 @@ class Turn:
         async with host.running:  # bounds the turns running at once (agent spawns), bridge-wide
             self._waiting_for_slot = False
             self._quiet_since = anyio.current_time()  # a new wait: for the agent to start
-            await self._run_provider(provider_id)
+            await self._run_provider(provider_id, self.turn_id)
 
-    async def _run_provider(self, provider_id: str) -> None:
+    async def _run_provider(self, provider_id: str, turn_id: str) -> None:
         spec, host = self._spec, self._host
         await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
         self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
         request = TurnRequest(
             session_id=self._session.session_id,
             thread_id=self._session.thread_id,
-            turn_id=self.turn_id,
+            turn_id=turn_id,
             prompt=spec.prompt,
             working_directory=spec.cwd,
             model=spec.resolution.resolved_model or None,
