@@ -105,8 +105,6 @@ TURN_ERROR_CODES: dict[str, str] = {
     "AGENT_PROTOCOL_ERROR": "The agent broke the protocol (line over maxAgentLineBytes, bad frames).",
     "TURN_TIMEOUT": "The turn ran longer than turnTimeout.",
     "OUTPUT_LIMIT": "The turn's output passed maxOutputBytes; output so far is kept.",
-    "GATEWAY_NOT_CONFIGURED": "The gateway target was chosen but no gateway is configured.",
-    "PROVIDER_UNAVAILABLE": "The provider cannot run (command not found, disabled).",
     "PROFILE_ERROR": "The exec profile reported AGENT_ERROR (or could not be started).",
     "PROFILE_EXIT": "The exec profile exited with a non-zero code (data.exitCode).",
     "PROFILE_TIMEOUT": "The exec profile ran longer than timeout_secs; its process group was ended.",
@@ -114,4 +112,10 @@ TURN_ERROR_CODES: dict[str, str] = {
     "RUNTIME_FAILED": "The knowledge runtime (an OpenAI-compatible model) failed; evidence is kept.",
     "CANCELLED": "The turn was cancelled (or its session closed) before it started.",
     "INTERNAL_ERROR": "The bridge failed unexpectedly; see its log.",
+}
+
+# Codes of turns that could not run at all (a result with status "unavailable": ``unavailableCode``).
+UNAVAILABLE_CODES: dict[str, str] = {
+    "PROVIDER_UNAVAILABLE": "The provider cannot run (unknown, command not found, disabled).",
+    "GATEWAY_NOT_CONFIGURED": "The gateway target was chosen but no gateway is configured.",
 }

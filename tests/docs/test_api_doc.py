@@ -15,7 +15,7 @@ import yaml
 from bridge.config import BridgeConfig
 from bridge.methods import METHODS
 from bridge.rpc.codec import loads
-from bridge.rpc.errors import RPC_ERRORS, TURN_ERROR_CODES
+from bridge.rpc.errors import RPC_ERRORS, TURN_ERROR_CODES, UNAVAILABLE_CODES
 from compat.knowledge.params import KnowledgeTurnParams
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.settings import convert
@@ -120,6 +120,7 @@ def test_rpc_error_table_matches_the_code():
 
 def test_turn_error_table_matches_the_code():
     assert [row[0] for row in table("turn-errors")] == list(TURN_ERROR_CODES)
+    assert [row[0] for row in table("unavailable-codes")] == list(UNAVAILABLE_CODES)
 
 
 def test_the_methods_table_lists_exactly_the_registrys_methods_in_order():
