@@ -3,6 +3,10 @@
 ``ws://`` / ``wss://`` URLs use the WebSocket transport (``/acp``); ``http://`` / ``https://`` use
 ``POST /acp/rpc`` with SSE so notifications arrive live. Errors reaching the bridge raise
 ``TransportError`` (the CLI's exit code 2).
+
+The CLI prints envelopes as the bridge sent them (``call`` shows the wire), so this client works on
+the decoded envelopes themselves, read with the codec's ``loads``; it sends one request per
+connection and matches its reply by id, which is all of ``bridge.rpc.peer.PeerCore`` it would use.
 """
 
 from __future__ import annotations
