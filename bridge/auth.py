@@ -18,12 +18,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from starlette.responses import Response
 
-from bridge.config import BridgeConfig, ConfigError, NamedToken
+from bridge.config import LOCAL_PRINCIPAL, BridgeConfig, ConfigError, NamedToken
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import RpcError, Unauthorized
 from bridge.rpc.redact import register_secret
 
-LOCAL_PRINCIPAL = "local"
 SUBPROTOCOL_PREFIX = "bearer."  # browsers cannot set headers on a WebSocket: Sec-WebSocket-Protocol
 _BEARER = re.compile(r"(?i)bearer(?:\s+(.*))?")
 _PORT = re.compile(r"\d{1,5}")

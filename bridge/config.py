@@ -35,11 +35,14 @@ from compat.settings import (
     Timeouts,
     convert,
     expand_env,
+    provider_id_problems,
     snake_case,
 )
 
 DEFAULT_ORIGINS = ("https://xworkmate.svc.plus", "http://localhost:*", "http://127.0.0.1:*")
 DEFAULT_FILE = "xworkmate-bridge.yaml"
+LOCAL_PRINCIPAL = "local"
+"""The principal of requests with no token (loopback) and of ``acp-stdio``; reserved."""
 
 
 class ConfigError(Exception):
@@ -62,7 +65,7 @@ class BridgeConfig(Settings, frozen=True):
     workspace_roots: list[str] = []
     providers: dict[str, ProviderConfig | None] | None = None  # None: every preset found on PATH
     profiles: dict[str, ProfileConfig] = {}  # exec profiles (iLink layout)
-    gateway: dict[str, Any] | None = None
+    gateway: dict[str, Any] | None = None  # accepted, not implemented yet (load_config warns)
     knowledge: KnowledgeSettings = msgspec.field(default_factory=KnowledgeSettings)
     knowledge_sources: list[SourceDescriptor] | None = None  # None: the embedded documentation
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
@@ -72,6 +75,9 @@ class BridgeConfig(Settings, frozen=True):
     sse_keepalive: Seconds = 15.0
     log_level: str = "info"
     allow_insecure_no_auth: bool = False
+    admin_principals: list[str] = msgspec.field(default_factory=lambda: [LOCAL_PRINCIPAL])
+    """Principals that administer the bridge: read ``system.logs`` (and, later, the knowledge
+    source registry and metrics)."""
     profile_dir: str = msgspec.field(default_factory=os.getcwd, name="-")
     """Where relative profile paths start: the config file's folder. Set by :func:`load_config`
     (which overwrites a ``-`` key of the file), not a configuration key."""
@@ -86,6 +92,10 @@ class BridgeConfig(Settings, frozen=True):
         ]
         if any(not t.token for t in named):
             raise FieldInvalid("authTokens", "a token must not be empty")
+        if any(t.name == LOCAL_PRINCIPAL for t in named):
+            raise FieldInvalid(
+                "authTokens", f"a token cannot be named {LOCAL_PRINCIPAL!r} (the principal with no token)"
+            )
         names = [t.name for t in named]
         if twice := next((n for n in names if names.count(n) > 1), None):
             raise FieldInvalid("authTokens", f"two tokens are named {twice!r} (a bare token is named token-<n>)")
@@ -215,6 +225,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         if (snake := snake_case(key)) != key:
             data.pop(snake, None)  # the file's snake_case spelling of a key set elsewhere
     base = file.resolve().parent if file else Path.cwd()
+    problems += provider_id_problems(_provider_ids(data))
     problems += _split_profiles(data, base)
     reported = [line.partition(": ")[0] for line in problems]  # validation need not repeat these
     if isinstance(data.get("providers"), dict):
@@ -240,6 +251,11 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         located = _locate_lines(problems, file) if file else [f": {line}" for line in problems]
         raise ConfigError("\n".join([*(f"{source}{line}" for line in located), *elsewhere]))
     assert config is not None
+    if config.gateway is not None:
+        warnings.append(
+            "gateway: the OpenClaw gateway is not implemented in this version; the key is ignored "
+            "(turns routed to the gateway answer unavailableCode GATEWAY_NOT_CONFIGURED)"
+        )
     msgspec.structs.force_setattr(config, "load_warnings", tuple(f"{source}: {w}" for w in warnings))
     return config
 
@@ -287,6 +303,16 @@ _ENV_KEYS = (
     ("BRIDGE_PORT", "port", False),
 )
 """Environment variables that override a key of the file: ``(name, key, comma-separated)``."""
+
+
+def _provider_ids(data: dict[str, Any]) -> dict[str, str]:
+    """``{provider id: key path}`` of every provider and profile the file names, in file order."""
+    ids: dict[str, str] = {}
+    for section in ("providers", "profiles"):
+        entries = data.get(section)
+        if isinstance(entries, dict):
+            ids.update({str(k): f"{section}.{k}" for k in entries if str(k) not in ids})
+    return ids
 
 
 def _split_profiles(data: dict[str, Any], base: Path) -> list[str]:

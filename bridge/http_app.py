@@ -10,6 +10,8 @@ Imports ``bridge.*``, Starlette and sse-starlette only; knows nothing about sess
 
 from __future__ import annotations
 
+import datetime
+import functools
 import itertools
 import logging
 import os
@@ -130,7 +132,7 @@ async def banner(request: Request) -> Response:
 
 
 async def ping(request: Request) -> Response:
-    return JSONResponse(image_info(os.environ.get("IMAGE")))
+    return JSONResponse({**image_info(os.environ.get("IMAGE")), "buildDate": build_date()})
 
 
 def image_info(image: str | None) -> dict[str, str]:
@@ -147,6 +149,20 @@ def image_info(image: str | None) -> dict[str, str]:
     tag = ref[colon + 1 :] if colon > ref.rfind("/") else ""
     commit = tag if _COMMIT.fullmatch(tag) else ""
     return {"status": "ok", "image": image, "tag": tag, "commit": commit, "version": tag}
+
+
+@functools.cache
+def build_date() -> str:
+    """``/api/ping``'s ``buildDate`` (the app's About page shows it): ``BUILD_DATE`` when set (an
+    image's build sets it), else when this copy of the package was built or checked out (the
+    modification time of ``bridge/__init__.py``), as ISO 8601 UTC (``2026-12-01T19:00:00Z``)."""
+    if given := os.environ.get("BUILD_DATE", "").strip():
+        return given[:64]
+    try:
+        stamp = os.stat(bridge.__file__).st_mtime
+    except (OSError, TypeError):
+        return ""
+    return datetime.datetime.fromtimestamp(stamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -1,17 +1,55 @@
-"""Logging set-up: everything goes to stderr (stdout is the protocol in ``acp-stdio``), and every
-record passes through the one redactor."""
+"""Logging set-up: everything goes to stderr (stdout is the protocol in ``acp-stdio``), every
+record passes through the one redactor, and the latest lines are kept for ``system.logs``."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 
 from bridge.rpc.redact import redact
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+RECENT_LINES = 500
+"""Log lines ``system.logs`` can return (the newest; each cut to :data:`LINE_CHARS`)."""
+LINE_CHARS = 2000
 
 
 class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+
+class RecentLines(logging.Handler):
+    """Keeps the latest :data:`RECENT_LINES` formatted, redacted log lines (oldest first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(RedactingFormatter(FORMAT))
+        self._lines: deque[str] = deque(maxlen=RECENT_LINES)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record)[:LINE_CHARS])
+        except Exception:  # logging must never fail the code that logs
+            self.handleError(record)
+
+    def lines(self, limit: int = RECENT_LINES) -> list[str]:
+        """The newest ``limit`` lines, oldest first."""
+        kept = list(self._lines)
+        return kept[-limit:] if limit > 0 else []
+
+
+RECENT = RecentLines()
+"""The process's one tail of recent lines (on the root logger once :func:`keep_recent` ran)."""
+
+
+def keep_recent() -> RecentLines:
+    """Put :data:`RECENT` on the root logger (once) and return it."""
+    root = logging.getLogger()
+    if RECENT not in root.handlers:
+        root.addHandler(RECENT)
+    return RECENT
 
 
 QUIET_LIBRARIES = ("httpx", "httpcore")
@@ -20,9 +58,9 @@ QUIET_LIBRARIES = ("httpx", "httpcore")
 
 def configure(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter(FORMAT))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, RECENT]
     root.setLevel(level.upper())
     # httpx logs every request at INFO: a formatted, redacted line per knowledge-source call
     # (3% of a knowledge turn's CPU in bench case 7) that says nothing the turn does not report.

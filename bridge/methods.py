@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bridge.dispatch import CallContext, Dispatcher, Method
+from bridge.logs import RECENT
 from bridge.rpc.errors import NotFound
 from compat.params import validated
 from orchestrator.results import (
@@ -35,6 +36,7 @@ from orchestrator.results import (
     KnowledgeReadResult,
     KnowledgeSourcesResult,
     ResolveResult,
+    SystemLogsResult,
     TurnResult,
     UnavailableTurnResult,
 )
@@ -135,6 +137,15 @@ def gateway_disconnect(orch: Orchestrator, params: Any, ctx: CallContext) -> Acc
     return AcceptedResult(accepted=True)
 
 
+def system_logs(orch: Orchestrator, params: Any, ctx: CallContext) -> SystemLogsResult:
+    admin = ctx.principal in orch.admin_principals
+    return SystemLogsResult(
+        bridge_status="ok",
+        gateway_status="unknown",  # no gateway in this version: the panel shows it grey
+        bridge_logs=RECENT.lines(params.limit) if admin else [],
+    )
+
+
 async def knowledge_sources(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeSourcesResult:
     listing = await _knowledge(orch).list_sources(params.probe)
     return msgspec.convert(listing, KnowledgeSourcesResult)
@@ -171,6 +182,7 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec(
         "session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True
     ),
+    MethodSpec("system.logs", system_logs, Params(_MODELS, "SystemLogsParams"), SystemLogsResult, inline=True),
     MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=True),
     MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=True),
     MethodSpec("xworkmate.gateway.disconnect", gateway_disconnect, _GATEWAY, AcceptedResult, inline=True),

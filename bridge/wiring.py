@@ -13,6 +13,7 @@ from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
 from bridge.config import BridgeConfig, ConfigError, provider_problems
+from bridge.logs import keep_recent
 from bridge.methods import METHOD_NAMES
 from bridge.rpc.redact import register_secret
 from compat.base import ProviderAdapter
@@ -87,15 +88,16 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         )
         enabled.add(profile_id)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
+    keep_recent()  # the log lines system.logs returns
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}
     return Orchestrator(
         registry,
         config.roots(),
         config.limits,
         config.timeouts,
-        gateway_configured=bool(config.gateway),
         bridge_info=info,
         methods=list(METHOD_NAMES),
         knowledge=knowledge,
         background=[reap_orphans_forever],  # daemons an agent left behind that exited on their own
+        admin_principals=config.admin_principals,
     )

@@ -431,6 +431,45 @@ def _still_fails(
     return False
 
 
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_provider_id(value: str) -> str:
+    """A provider id in the desktop app's form: lower case, runs of whitespace, ``_``, ``.`` and
+    ``-`` one ``-``, other characters dropped, no ``-`` at either end (``My_Agent`` → ``my-agent``).
+
+    The app normalises every id before it sends one back (``normalizeSingleAgentProviderId`` in
+    ``lib/runtime/runtime_models_connection.dart`` of ai-workspace-lab/xworkmate-app), so the bridge
+    resolves ids in this form too and refuses a configuration where two ids meet in it.
+    """
+    out: list[str] = []
+    for char in _WHITESPACE.sub("-", value.strip().lower()):
+        if "a" <= char <= "z" or "0" <= char <= "9":
+            out.append(char)
+        elif char in "-_." and out and out[-1] != "-":
+            out.append("-")
+    return "".join(out).strip("-")
+
+
+def provider_id_problems(ids: Mapping[str, str]) -> list[str]:
+    """``<key path>: <message>`` for each id (``{id: key path}``) that normalises to nothing or to
+    the same form as an earlier one (:func:`normalize_provider_id`)."""
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for provider_id, where in ids.items():
+        form = normalize_provider_id(provider_id)
+        if not form:
+            problems.append(f"{where}: the id {provider_id!r} has no letter or digit (the app could not name it)")
+        elif form in seen:
+            problems.append(
+                f"{where}: the id {provider_id!r} is the same as {seen[form]!r} once normalised to {form!r} "
+                "(as the app sends ids back)"
+            )
+        else:
+            seen[form] = provider_id
+    return problems
+
+
 class Timeouts(Settings, frozen=True):
     """Time bounds in seconds (contract: "Time bounds")."""
 

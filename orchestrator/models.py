@@ -33,7 +33,25 @@ class SessionRef(_Params):
     session_id: str = Field(min_length=1)
 
 
-class TurnParams(_Params):
+class _Preference(_Params):
+    """The top-level provider preference the app sends when the user picked no provider in
+    ``routing`` (older app builds sent it as ``gatewayProvider`` / ``gatewayProviderId``)."""
+
+    provider: Any = None
+    gateway_provider: Any = None
+    gateway_provider_id: Any = None
+
+    @property
+    def preferred_provider(self) -> str:
+        """The first of ``provider``, ``gatewayProvider``, ``gatewayProviderId`` that is a
+        non-blank string ("" when none is); other types are ignored, as unknown params are."""
+        for value in (self.provider, self.gateway_provider, self.gateway_provider_id):
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+        return ""
+
+
+class TurnParams(_Preference):
     """``session.start`` / ``session.message``."""
 
     model_config = ConfigDict(
@@ -64,7 +82,7 @@ class TurnParams(_Params):
         return dict(self.model_extra or {})
 
 
-class ResolveParams(_Params):
+class ResolveParams(_Preference):
     task_prompt: str = ""
     working_directory: str | None = None
     routing: dict[str, Any] | None = None
@@ -75,6 +93,12 @@ class PermissionParams(_Params):
     session_id: str = Field(min_length=1)
     request_id: str = Field(min_length=1)
     option_id: str = Field(min_length=1)
+
+
+class SystemLogsParams(_Params):
+    """``system.logs``: how many of the latest lines (the app sends ``{}``)."""
+
+    limit: int = Field(200, ge=1, le=500)
 
 
 class GatewayParams(_Params):

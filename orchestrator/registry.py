@@ -17,6 +17,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from msgspec import UNSET
 
 from compat.base import ProbeResult, ProviderAdapter
+from compat.settings import normalize_provider_id
 from orchestrator.results import ProbeEntry, ProviderEntry
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class ProviderRegistry:
     def __init__(self, adapters: dict[str, ProviderAdapter], enabled: set[str], probe_interval: float = 15.0) -> None:
         self._order = catalog_order(list(adapters))
         self._adapters = adapters
+        self._by_form = {normalize_provider_id(i): i for i in reversed(list(adapters))}  # the first wins
         self._enabled = enabled
         self._interval = probe_interval
         self._cheap: dict[str, tuple[float, ProbeResult]] = {}
@@ -63,6 +65,14 @@ class ProviderRegistry:
     @property
     def ids(self) -> list[str]:
         return list(self._order)
+
+    def resolve_id(self, provider_id: str) -> str:
+        """The configured id ``provider_id`` names: itself, or the one it is the app's normalised
+        form of (``my-agent`` for ``my_agent``; ``compat.settings.normalize_provider_id``); an id
+        naming none is returned as it is."""
+        if provider_id in self._adapters:
+            return provider_id
+        return self._by_form.get(normalize_provider_id(provider_id), provider_id)
 
     def get(self, provider_id: str) -> ProviderAdapter | None:
         return self._adapters.get(provider_id)

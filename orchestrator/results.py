@@ -73,7 +73,12 @@ class CapabilitiesResult(Result, frozen=True):
 
 
 class ResolveResult(Result, frozen=True):
-    """The twelve routing fields."""
+    """The routing fields (docs/api.md "xworkmate.routing.resolve").
+
+    ``providerId`` and ``agentId`` repeat ``resolvedProviderId`` and ``metadata`` carries the
+    routing details, as the app's dispatch client reads them (it asks again without them when
+    they are missing: ``go_task_service_client.dart`` of ai-workspace-lab/xworkmate-app).
+    """
 
     resolved_execution_target: str
     resolved_provider_id: str
@@ -87,6 +92,12 @@ class ResolveResult(Result, frozen=True):
     skill_resolution_source: str
     needs_skill_install: bool
     skill_install_request_id: str
+    preferred_provider_id: str = ""
+    preferred_provider_unavailable: bool = False
+    preferred_provider_message: str = ""
+    provider_id: str = ""
+    agent_id: str = ""
+    metadata: dict[str, Any] = {}
 
 
 # ---- session.start / session.message ---------------------------------------------------------------
@@ -112,12 +123,16 @@ class TurnResult(Result, frozen=True):
     resolved_gateway_provider_id: str
     resolved_model: str
     resolved_skills: list[str]
+    resolved_working_directory: str
     output: str
     summary: str
     stop_reason: str
     usage: dict[str, Any] = {}
     upstream_session_id: str | None = None
     context_reset: bool = False
+    preferred_provider_id: str = ""
+    preferred_provider_unavailable: bool = False
+    preferred_provider_message: str = ""
     error: TurnErrorInfo | UnsetType = UNSET
     artifacts: list[dict[str, Any]] | UnsetType = UNSET
 
@@ -140,6 +155,10 @@ class UnavailableTurnResult(Result, frozen=True):
     skill_resolution_source: str
     needs_skill_install: bool
     skill_install_request_id: str
+    resolved_working_directory: str
+    preferred_provider_id: str = ""
+    preferred_provider_unavailable: bool = False
+    preferred_provider_message: str = ""
 
 
 class SessionUpdate(Result, frozen=True, forbid_unknown_fields=False):
@@ -179,6 +198,16 @@ class AcceptedResult(Result, frozen=True):
     """``session.permission``, ``xworkmate.gateway.disconnect``."""
 
     accepted: bool
+
+
+class SystemLogsResult(Result, frozen=True):
+    """``system.logs``: the words the app's Settings › Logs panel shows (``ok`` green, ``unknown``
+    grey) and the latest log lines, oldest first (empty for a principal not in
+    ``adminPrincipals``)."""
+
+    bridge_status: str
+    gateway_status: str
+    bridge_logs: list[str]
 
 
 class GatewayError(Result, frozen=True):

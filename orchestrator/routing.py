@@ -110,10 +110,14 @@ class RoutingInput(msgspec.Struct, frozen=True):
     explicit_skills: tuple[str, ...] = ()
     available_skills: tuple[dict[str, Any], ...] = ()
     preferred_gateway_provider_id: str = ""
+    preferred_provider_id: str = ""
 
     @classmethod
-    def from_params(cls, prompt: str, routing: dict[str, Any] | None, model: str | None = None) -> RoutingInput:
-        """Read the ``routing`` object.
+    def from_params(
+        cls, prompt: str, routing: dict[str, Any] | None, model: str | None = None, preferred: str = ""
+    ) -> RoutingInput:
+        """Read the ``routing`` object; ``preferred`` is the request's top-level provider
+        preference (``TurnParams.preferred_provider``).
 
         Raises:
             ValueError: a routing field has the wrong type (the caller reports -32602): an
@@ -140,6 +144,7 @@ class RoutingInput(msgspec.Struct, frozen=True):
             ),
             available_skills=tuple(s for s in available[:MAX_AVAILABLE_SKILLS] if isinstance(s, dict)),
             preferred_gateway_provider_id=text("preferredGatewayProviderId"),
+            preferred_provider_id=preferred.strip()[:200],
         )
 
 
@@ -148,7 +153,7 @@ def _list(value: Any) -> list[Any]:
 
 
 class Resolution(msgspec.Struct):
-    """The twelve fields of ``xworkmate.routing.resolve`` (docs/api.md)."""
+    """The fields of ``xworkmate.routing.resolve`` (docs/api.md)."""
 
     resolved_execution_target: str = "single-agent"
     resolved_provider_id: str = ""
@@ -160,10 +165,21 @@ class Resolution(msgspec.Struct):
     skill_resolution_source: str = "none"
     needs_skill_install: bool = False
     skill_install_request_id: str = ""
+    preferred_provider_id: str = ""
+    preferred_provider_unavailable: bool = False
+    preferred_provider_message: str = ""
 
     @property
     def unavailable(self) -> bool:
         return bool(self.unavailable_code)
+
+    def preference(self) -> dict[str, Any]:
+        """The preference fields, as keyword arguments of the result structs."""
+        return {
+            "preferred_provider_id": self.preferred_provider_id,
+            "preferred_provider_unavailable": self.preferred_provider_unavailable,
+            "preferred_provider_message": self.preferred_provider_message,
+        }
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -179,6 +195,9 @@ class Resolution(msgspec.Struct):
             "skillResolutionSource": self.skill_resolution_source,
             "needsSkillInstall": self.needs_skill_install,
             "skillInstallRequestId": self.skill_install_request_id,
+            "preferredProviderId": self.preferred_provider_id,
+            "preferredProviderUnavailable": self.preferred_provider_unavailable,
+            "preferredProviderMessage": self.preferred_provider_message,
         }
 
 
@@ -263,6 +282,14 @@ def resolve(
             res.unavailable_code = "PROVIDER_UNAVAILABLE"
             res.unavailable_message = f"explicit provider is unavailable: {inp.explicit_provider_id}"
         return res
+    preferred = inp.preferred_provider_id
+    if preferred:
+        res.preferred_provider_id = preferred
+        if preferred in available:
+            res.resolved_provider_id = preferred
+            return res
+        res.preferred_provider_unavailable = True  # a preference, unlike a choice, gives way to auto
+        res.preferred_provider_message = f"preferred provider is unavailable: {preferred}"
     candidates = available if auto_available is None else auto_available
     if candidates:
         res.resolved_provider_id = candidates[0]

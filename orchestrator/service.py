@@ -60,12 +60,13 @@ class Orchestrator:
         registry: the configured providers.
         roots: workspace roots (resolved); every workingDirectory and attachment must lie inside.
         limits / timeouts: the named settings of docs/api.md.
-        gateway_configured: whether a gateway is configured (routing and capabilities).
         bridge_info: ``{name, version, contractVersion}`` for ``acp.capabilities``.
         methods: the method names for ``acp.capabilities`` (``bridge.methods``).
         knowledge: the knowledge service (an async context manager), if any.
         background: tasks that run while the orchestrator does and never return (the process
             layer's orphan sweep, ``compat.process.descendants.reap_orphans_forever``).
+        admin_principals: the principals that administer this bridge (``adminPrincipals``): they
+            may read its logs (``system.logs``).
     """
 
     def __init__(
@@ -75,18 +76,18 @@ class Orchestrator:
         limits: Limits,
         timeouts: Timeouts,
         *,
-        gateway_configured: bool = False,
         bridge_info: dict[str, Any] | None = None,
         methods: list[str] | None = None,
         knowledge: KnowledgeService | None = None,
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
+        admin_principals: Sequence[str] = ("local",),
     ) -> None:
         self.registry = registry
         self._background = tuple(background)
+        self.admin_principals = frozenset(admin_principals)
         self.workspace = Workspace(roots)
         self.limits = limits
         self.timeouts = timeouts
-        self.gateway_configured = gateway_configured
         info = bridge_info or {}
         self.bridge_info = BridgeInfo(
             name=info.get("name", "xworkmate-bridge"),
@@ -163,21 +164,10 @@ class Orchestrator:
 
     def _build_capabilities(self) -> CapabilitiesResult:
         catalog = self.registry.catalog()
-        targets = ["agent", "gateway"] if self.gateway_configured else ["agent"]
-        gateways = (
-            [
-                ProviderEntry(
-                    provider_id="openclaw",
-                    label="OpenClaw",
-                    targets=["gateway"],
-                    category="gateway",
-                    enabled=True,
-                    provider_display={"logoEmoji": "🦞"},
-                )
-            ]
-            if self.gateway_configured
-            else []
-        )
+        # No gateway target until the OpenClaw gateway is implemented: a target is advertised only
+        # when a turn routed to it can run.
+        targets: list[str] = ["agent"]
+        gateways: list[ProviderEntry] = []
         single = any(entry.enabled for entry in catalog)
         return CapabilitiesResult(
             single_agent=single,
@@ -198,27 +188,38 @@ class Orchestrator:
             limits={**msgspec.to_builtins(self.limits), **msgspec.to_builtins(self.timeouts)},
         )
 
-    def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None) -> Resolution:
+    def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None, preferred: str) -> Resolution:
         try:
-            inp = RoutingInput.from_params(prompt, routing, model)
+            inp = RoutingInput.from_params(prompt, routing, model, preferred)
         except ValueError as exc:
             raise InvalidParams(f"Invalid params: {exc}", field="routing") from exc
+        inp = msgspec.structs.replace(  # ids as the app sends them back: normalised (my_agent → my-agent)
+            inp,
+            explicit_provider_id=inp.explicit_provider_id and self.registry.resolve_id(inp.explicit_provider_id),
+            preferred_provider_id=inp.preferred_provider_id and self.registry.resolve_id(inp.preferred_provider_id),
+        )
         available = self.registry.available()
         # Auto routing picks a knowledge provider only when it is the only one available, and an
         # agent known to need authentication only when no agent is ready (explicit routing still
         # reaches it, and its turn then says how to authenticate).
         agents = [p for p in available if self.registry.category(p) != "knowledge"]
         agents = [p for p in agents if self.registry.status(p).available] or agents or available
-        resolution = resolve(inp, available, self.gateway_configured, auto_available=agents)
+        resolution = resolve(inp, available, gateway_configured=False, auto_available=agents)
         chosen = resolution.resolved_provider_id
         if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:
-            if chosen not in self.registry.ids:
-                configured = ", ".join(self.registry.ids) or "none"
-                resolution.unavailable_message = f"unknown provider: {chosen[:100]} (configured: {configured})"
-            else:
-                reason = self.registry.status(chosen)
-                resolution.unavailable_message = f"provider {chosen} is unavailable: {reason.detail or reason.status}"
+            resolution.unavailable_message = self._why_unavailable(chosen)
+        if resolution.preferred_provider_unavailable:
+            why = self._why_unavailable(resolution.preferred_provider_id)
+            instead = f"; auto routing chose {chosen}" if chosen else ""
+            resolution.preferred_provider_message = f"preference not used: {why}{instead}"
         return resolution
+
+    def _why_unavailable(self, provider_id: str) -> str:
+        if provider_id not in self.registry.ids:
+            configured = ", ".join(self.registry.ids) or "none"
+            return f"unknown provider: {provider_id[:100]} (configured: {configured})"
+        reason = self.registry.status(provider_id)
+        return f"provider {provider_id} is unavailable: {reason.detail or reason.status}"
 
     def resolve(self, params: ResolveParams) -> ResolveResult:
         """``xworkmate.routing.resolve``.
@@ -226,7 +227,7 @@ class Orchestrator:
         Raises:
             InvalidParams: -32602, ``routing`` is malformed.
         """
-        return resolve_result(self._route(params.task_prompt, params.routing, params.model))
+        return resolve_result(self._route(params.task_prompt, params.routing, params.model, params.preferred_provider))
 
     # ---- turns -------------------------------------------------------------------------------------
 
@@ -242,15 +243,20 @@ class Orchestrator:
             InvalidParams: -32602, bad workingDirectory, attachment or routing; or the provider
                 refused the turn's params (``preflight``).
             NotFound: -32004, the session belongs to another token.
-            SessionBusy: -32005 (``turn_running`` / ``queue_full``).
+            SessionBusy: -32005 (``turn_running`` / ``queue_full``). A ``session.start`` that
+                finds the session's turn ending after a stop first waits for that end (bounded).
             LimitReached: -32006, ``maxSessions`` sessions exist.
         """
         cwd = self.workspace.working_directory(params.working_directory)
         attachments = self.workspace.attachments(params.attachments)
-        resolution = self._route(params.task_prompt, params.routing, params.model)
-        session = self.sessions.open(params.session_id, principal, params.thread_id or params.session_id)
+        resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider)
+        thread_id = params.thread_id or params.session_id
+        session = self.sessions.open(params.session_id, principal, thread_id)
+        if start and session.stopping:  # Stop, then send (the app's next send is a session.start)
+            await self._until_stopped(session)
+            session = self.sessions.open(params.session_id, principal, thread_id)  # closed meanwhile?
         if resolution.unavailable:
-            return unavailable_result(session, resolution)
+            return unavailable_result(session, resolution, cwd)
         spec = TurnInput(
             prompt=params.task_prompt,
             cwd=cwd,
@@ -275,6 +281,14 @@ class Orchestrator:
         await turn.ended.wait()
         assert turn.result is not None
         return turn.result
+
+    async def _until_stopped(self, session: Session) -> None:
+        """Wait while the session's turn is ending after a stop, at most the documented cancel
+        time (``cancelGrace`` plus the kill, docs/api.md "session.cancel"); admission then
+        decides (-32005 if a turn still holds the session)."""
+        with anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
+            while session.stopping and session.active is not None:
+                await session.active.ended.wait()
 
     async def _preflight(self, provider_id: str, extra: dict[str, Any]) -> None:
         """Let the provider refuse params before the turn exists (no turnId, no updates)."""
@@ -392,14 +406,33 @@ def resolve_result(resolution: Resolution) -> ResolveResult:
         skill_resolution_source=resolution.skill_resolution_source,
         needs_skill_install=resolution.needs_skill_install,
         skill_install_request_id=resolution.skill_install_request_id,
+        **resolution.preference(),
+        provider_id=resolution.resolved_provider_id,
+        agent_id=resolution.resolved_provider_id,
+        metadata=_dispatch_metadata(resolution),
     )
 
 
-def unavailable_result(session: Session, resolution: Resolution) -> UnavailableTurnResult:
+def _dispatch_metadata(resolution: Resolution) -> dict[str, Any]:
+    """The routing answer's ``metadata``: with it the app sends this as its dispatch metadata
+    instead of building its own after a second call."""
+    target = "gateway" if resolution.resolved_execution_target == "gateway" else "agent"
+    return {
+        "dispatch": {"mode": "cooperative", "executionTarget": target},
+        "provider": {"id": resolution.resolved_provider_id or resolution.resolved_gateway_provider_id},
+        "routing": {"status": "unavailable" if resolution.unavailable else "available"},
+    }
+
+
+_SHARED = tuple(f for f in UnavailableTurnResult.__struct_fields__ if f in ResolveResult.__struct_fields__)
+
+
+def unavailable_result(session: Session, resolution: Resolution, cwd: str) -> UnavailableTurnResult:
     wire = resolve_result(resolution)
     return UnavailableTurnResult(
         success=False,
         session_id=session.session_id,
         thread_id=session.thread_id,
-        **{f: getattr(wire, f) for f in wire.__struct_fields__},
+        resolved_working_directory=cwd,
+        **{f: getattr(wire, f) for f in _SHARED},
     )

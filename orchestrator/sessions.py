@@ -33,6 +33,11 @@ class QueuedTurn(Protocol):
 
     ended: anyio.Event
 
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked and the turn is ending."""
+        ...
+
     def stop(self, trigger: Trigger) -> bool: ...
 
 
@@ -142,6 +147,11 @@ class Session:
     @property
     def busy(self) -> bool:
         return self.active is not None or bool(self._waiting)
+
+    @property
+    def stopping(self) -> bool:
+        """The session's turn is ending after a stop (``session.cancel``) and none waits behind it."""
+        return self.active is not None and self.active.stopping and not self._waiting
 
     @property
     def turns(self) -> Iterator[QueuedTurn]:

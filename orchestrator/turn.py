@@ -146,6 +146,11 @@ class Turn:
         return self.machine.state
 
     @property
+    def stopping(self) -> bool:
+        """A stop was asked and the turn is ending (CANCELLING)."""
+        return self.machine.state is TurnState.CANCELLING
+
+    @property
     def output(self) -> str:
         """The text streamed so far (a chunk that came after the result included)."""
         return "".join(self._parts)
@@ -366,12 +371,14 @@ class Turn:
             resolved_gateway_provider_id=resolution.resolved_gateway_provider_id,
             resolved_model=outcome.resolved_model or "",
             resolved_skills=list(resolution.resolved_skills),
+            resolved_working_directory=self._spec.cwd,
             output=output,
             summary=output.strip()[:SUMMARY_CHARS],
             stop_reason=stop_reason or ("end_turn" if status == "completed" else status),
             usage=outcome.usage or {},
             upstream_session_id=upstream,
             context_reset=self._context_reset or outcome.context_reset,
+            **resolution.preference(),
             error=error,
             artifacts=outcome.artifacts if outcome.artifacts is not None else UNSET,
         )
@@ -395,9 +402,11 @@ class Turn:
             resolved_gateway_provider_id=resolution.resolved_gateway_provider_id,
             resolved_model=resolution.resolved_model,
             resolved_skills=list(resolution.resolved_skills),
+            resolved_working_directory=self._spec.cwd,
             output="",
             summary="",
             stop_reason=status,
+            **resolution.preference(),
             error=TurnErrorInfo(code=code, message=message, provider_id=resolution.resolved_provider_id),
         )
 

@@ -44,7 +44,7 @@ def test_serve_answers_ping_and_exits_0_on_sigterm(tmp_path):
                 break
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ping", timeout=10) as response:
             body = json.loads(response.read())
-        assert set(body) == {"status", "image", "tag", "commit", "version"} and body["status"] == "ok"
+        assert set(body) == {"status", "image", "tag", "commit", "version", "buildDate"} and body["status"] == "ok"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

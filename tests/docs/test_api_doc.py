@@ -38,6 +38,7 @@ RESULTS = {  # example name -> the method whose result model it must fit
     "resolve-result": "xworkmate.routing.resolve",
     "turn-result": "session.start",
     "turn-result-failed": "session.start",
+    "system-logs-result": "system.logs",
 }
 
 

@@ -115,7 +115,10 @@ async def test_unavailable_explicit_provider_is_never_substituted_and_sends_no_u
     result = await orch.run_turn(params("hi", routing=routing), "local", rec, start=True)
     assert result["status"] == "unavailable" and result["unavailableCode"] == "PROVIDER_UNAVAILABLE"
     assert result["resolvedProviderId"] == "gone" and rec.notes == []
-    conforms(ResolveResult, {k: v for k, v in result.items() if k not in ("sessionId", "threadId", "success")})
+    routing_fields = {
+        k: v for k, v in result.items() if k not in ("sessionId", "threadId", "success", "resolvedWorkingDirectory")
+    }
+    conforms(ResolveResult, routing_fields)
 
 
 async def test_cancel_ends_the_running_turn_and_queued_turns(orch):

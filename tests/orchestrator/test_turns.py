@@ -14,7 +14,7 @@ import anyio.abc
 import pytest
 from msgspec import UNSET
 
-from bridge.rpc.errors import InvalidParams, NotFound
+from bridge.rpc.errors import InvalidParams, NotFound, SessionBusy
 from compat.base import TextDelta
 from compat.settings import Limits, Timeouts
 from orchestrator.models import PermissionParams, TurnParams
@@ -291,7 +291,7 @@ async def test_a_turn_cut_off_from_outside_is_cancelled_not_timed_out(tmp_path: 
             prompt="ignore-cancel",
             cwd=str(tmp_path),
             attachments=(),
-            resolution=orch._route("ignore-cancel", None, None),
+            resolution=orch._route("ignore-cancel", None, None, ""),
             principal="local",
             start=True,
             extra={},
@@ -429,3 +429,32 @@ async def test_no_waiting_update_while_output_streams(tmp_path: Path) -> None:
         params = TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "echo a b c"})
         result = await orch.run_turn(params, "local", client, start=True)
     assert result.status == "completed" and waits(client) == []
+
+
+async def test_a_start_sent_while_a_cancelled_turn_ends_waits_for_that_end(tmp_path: Path) -> None:
+    """The app's Stop, then send: the next ``session.start`` arrives while the cancelled turn is
+    still ending (here: its provider ignores the cancel until cancelGrace cuts it off)."""
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch, anyio.create_task_group() as tg:
+        harness = Harness(orch, adapter, tg)
+        client, first = harness.start("ignore-cancel")
+        await client.wait_for("delta")
+        assert orch.cancel("s1", "local").cancelled is True
+        _, second = harness.start("echo after stop")
+        stopped, after = await first.wait(), await second.wait()
+    assert stopped.status == "cancelled"
+    assert after.status == "completed" and after.output == "after stop "
+
+
+async def test_a_start_on_a_running_turn_that_was_not_stopped_is_still_busy(tmp_path: Path) -> None:
+    adapter = FakeAdapter()
+    async with in_background(orchestrator(tmp_path, adapter)) as orch:
+        async with anyio.create_task_group() as tg:
+            client, first = Harness(orch, adapter, tg).start("hang")
+            await client.wait_for("delta")
+            with pytest.raises(SessionBusy):
+                await orch.run_turn(
+                    TurnParams.model_validate({"sessionId": "s1", "taskPrompt": "x"}), "local", Client(), start=True
+                )
+            orch.cancel("s1", "local")
+            await first.wait()
