@@ -251,6 +251,14 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         located = _locate_lines(problems, file) if file else [f": {line}" for line in problems]
         raise ConfigError("\n".join([*(f"{source}{line}" for line in located), *elsewhere]))
     assert config is not None
+    limits = config.limits
+    carried = 4 * -(-limits.max_turn_attachment_bytes // 3) + 1024 * 1024  # base64, plus 1 MiB for the rest
+    if limits.max_message_bytes < carried:
+        warnings.append(
+            f"limits.maxMessageBytes ({limits.max_message_bytes}) cannot carry maxTurnAttachmentBytes "
+            f"({limits.max_turn_attachment_bytes}) of inline attachments as base64 (that needs {carried}): "
+            "requests with large attachments will be refused as too large"
+        )
     if config.gateway is not None:
         warnings.append(
             "gateway: the OpenClaw gateway is not implemented in this version; the key is ignored "

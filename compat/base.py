@@ -149,6 +149,14 @@ class TurnRequest(msgspec.Struct, frozen=True):
     principal: str = "local"  # the authenticated token's name
     extra: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-family params (later issues)
 
+    def text_prompt(self) -> str:
+        """The prompt for a provider that takes text only (exec profiles): the attachments, which
+        ACP agents get as ``resource_link`` blocks, follow as a note with their paths."""
+        if not self.attachments:
+            return self.prompt
+        lines = [f"- {a.name}: {a.path}" + (f" ({a.description})" if a.description else "") for a in self.attachments]
+        return self.prompt + "\n\nAttached files:\n" + "\n".join(lines)
+
 
 class TurnError(msgspec.Struct, frozen=True):
     """A turn failure. ``code`` comes from the one table in docs/api.md (``AGENT_EXITED`` …)."""

@@ -487,7 +487,9 @@ class Timeouts(Settings, frozen=True):
 class Limits(Settings, frozen=True):
     """Size and count limits in bytes / items (contract: "Limits")."""
 
-    max_message_bytes: Count = 4 * MiB
+    max_message_bytes: Count = 36 * MiB  # admits maxTurnAttachmentBytes of inline attachments (base64)
+    max_attachment_bytes: Count = 10 * MiB  # one inline attachment, decoded (the app's own cap)
+    max_turn_attachment_bytes: Count = 25 * MiB  # a turn's inline attachments, decoded (the app's own cap)
     max_agent_line_bytes: Count = 8 * MiB
     max_output_bytes: Count = 8 * MiB
     max_update_bytes: Count = 1 * MiB

@@ -24,9 +24,23 @@ class _Params(BaseModel):
 
 
 class AttachmentParam(_Params):
-    name: str = ""
-    path: str = Field(min_length=1, max_length=4096)
+    """An ``attachments`` entry: the file's path on the client's machine ("" when it has none)."""
+
+    name: str = Field("", max_length=1024)
+    path: str = Field("", max_length=4096)
     description: str = Field("", max_length=4096)
+
+
+class InlineAttachmentParam(_Params):
+    """An ``inlineAttachments`` entry: the bytes of an attachment, for a bridge that cannot read
+    its path (``content``: base64, or a data URL)."""
+
+    name: str = Field("", max_length=1024)
+    mime_type: str = Field("", max_length=256)
+    content: str
+    size_bytes: int | None = Field(None, ge=0)
+    sha256: str | None = Field(None, max_length=128)
+    source_path: str | None = Field(None, max_length=4096)
 
 
 class SessionRef(_Params):
@@ -65,6 +79,7 @@ class TurnParams(_Preference):
     routing: dict[str, Any] | None = None
     model: str | None = Field(None, max_length=200)
     attachments: list[AttachmentParam] = Field(default_factory=list, max_length=64)
+    inline_attachments: list[InlineAttachmentParam] = Field(default_factory=list, max_length=64)
 
     @field_validator("task_prompt")
     @classmethod

@@ -20,8 +20,9 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from bridge.rpc.errors import InvalidParams, NotFound
-from compat.base import ProviderSession
+from compat.base import Attachment, ProviderSession
 from compat.settings import Limits, Timeouts
+from orchestrator import attachments
 from orchestrator.machine import Trigger
 from orchestrator.registry import ProviderRegistry
 from orchestrator.results import (
@@ -38,7 +39,7 @@ from orchestrator.results import (
 )
 from orchestrator.routing import Resolution, RoutingInput, resolve
 from orchestrator.sessions import Session, SessionTable
-from orchestrator.turn import Turn, TurnInput
+from orchestrator.turn import Turn, TurnInput, new_turn_id
 from orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
@@ -143,6 +144,7 @@ class Orchestrator:
                     await turn.ended.wait()
                 for session in self.sessions:
                     await self._end_provider_session(session)
+                    await self._remove_files(session)
             await self.registry.aclose()
         self._tg.cancel_scope.cancel()
         try:
@@ -248,7 +250,8 @@ class Orchestrator:
             LimitReached: -32006, ``maxSessions`` sessions exist.
         """
         cwd = self.workspace.working_directory(params.working_directory)
-        attachments = self.workspace.attachments(params.attachments)
+        usable = self.workspace.usable_attachments(params.attachments)
+        copies = attachments.match(params.attachments, params.inline_attachments, usable)
         resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider)
         thread_id = params.thread_id or params.session_id
         session = self.sessions.open(params.session_id, principal, thread_id)
@@ -260,16 +263,19 @@ class Orchestrator:
         spec = TurnInput(
             prompt=params.task_prompt,
             cwd=cwd,
-            attachments=attachments,
+            attachments=tuple(usable.values()),
             resolution=resolution,
             principal=principal,
             start=start,
             extra=params.extra_params(),
+            turn_id=new_turn_id(),
         )
         turn = Turn(self, session, spec, notify)
         session.admit(turn, start=start)
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
+            if copies:
+                spec.attachments = await self._write_inline(session, spec, params, usable, copies)
         except BaseException:
             turn.withdraw(Trigger.REFUSE)  # close and shutdown wait for every admitted turn's end
             raise
@@ -289,6 +295,33 @@ class Orchestrator:
         with anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
             while session.stopping and session.active is not None:
                 await session.active.ended.wait()
+
+    async def _write_inline(
+        self,
+        session: Session,
+        spec: TurnInput,
+        params: TurnParams,
+        usable: dict[int, Attachment],
+        copies: list[attachments.InlineCopy],
+    ) -> tuple[Attachment, ...]:
+        """Decode, check and write the inline copies the turn needs (in a worker thread: up to
+        ``maxTurnAttachmentBytes`` of base64 and hashing); the turn's attachments, in order."""
+        inline, limits = params.inline_attachments, self.limits
+
+        def decode_and_write() -> tuple[str, list[Attachment]]:
+            data = attachments.decode_all(
+                copies,
+                inline,
+                max_file_bytes=limits.max_attachment_bytes,
+                max_turn_bytes=limits.max_turn_attachment_bytes,
+            )
+            return attachments.write(spec.cwd, spec.turn_id, copies, data)
+
+        folder, written = await anyio.to_thread.run_sync(decode_and_write)
+        session.attachment_folders.append(folder)
+        by_index = dict(usable)
+        by_index.update((copy.index, item) for copy, item in zip(copies, written, strict=True))
+        return tuple(by_index[i] for i in sorted(by_index))
 
     async def _preflight(self, provider_id: str, extra: dict[str, Any]) -> None:
         """Let the provider refuse params before the turn exists (no turnId, no updates)."""
@@ -348,6 +381,7 @@ class Orchestrator:
             for turn in turns:
                 await turn.ended.wait()
             await self._end_provider_session(session)
+            await self._remove_files(session)
         return CloseResult(accepted=True, closed=True)
 
     def permission(self, params: PermissionParams, principal: str) -> AcceptedResult:
@@ -369,9 +403,18 @@ class Orchestrator:
     # ---- sessions ----------------------------------------------------------------------------------
 
     def _forgotten(self, session: Session) -> None:
-        """The table forgot ``session`` (idle): its agent process ends in the background."""
+        """The table forgot ``session`` (idle): its agent process ends and its files go, in the
+        background."""
         assert self._tg is not None
         self._tg.start_soon(self._end_provider_session, session)
+        self._tg.start_soon(self._remove_files, session)
+
+    async def _remove_files(self, session: Session) -> None:
+        """Remove the inline attachments written for the session's turns; never raises."""
+        folders, session.attachment_folders = session.attachment_folders, []
+        if folders:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(attachments.remove, folders)
 
     async def _sweep_sessions(self) -> None:
         interval = min(60.0, self.timeouts.session_idle_timeout / 2)

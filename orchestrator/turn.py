@@ -63,7 +63,7 @@ _NO_OUTCOME = TurnOutcome("cancelled")
 _last_turn_ns = 0
 
 
-def _new_turn_id() -> str:
+def new_turn_id() -> str:
     """``turn-<nanoseconds since the epoch>`` (the original bridge's form), never the same twice."""
     global _last_turn_ns
     _last_turn_ns = max(time.time_ns(), _last_turn_ns + 1)
@@ -86,7 +86,7 @@ class TurnHost(Protocol):
 class TurnInput:
     """What the orchestrator decided before admitting the turn (all checked already)."""
 
-    __slots__ = ("attachments", "cwd", "extra", "principal", "prompt", "resolution", "start")
+    __slots__ = ("attachments", "cwd", "extra", "principal", "prompt", "resolution", "start", "turn_id")
 
     def __init__(
         self,
@@ -98,7 +98,9 @@ class TurnInput:
         principal: str,
         start: bool,
         extra: dict[str, Any],
+        turn_id: str = "",
     ) -> None:
+        self.turn_id = turn_id or new_turn_id()  # also names the folder of its inline attachments
         self.prompt = prompt
         self.cwd = cwd
         self.attachments = attachments
@@ -221,7 +223,7 @@ class Turn:
     async def _execute(self) -> None:
         spec, host = self._spec, self._host
         provider_id = spec.resolution.resolved_provider_id
-        self.turn_id = _new_turn_id()
+        self.turn_id = spec.turn_id
         self._started = time.monotonic()
         self._scope.deadline = anyio.current_time() + host.timeouts.turn_timeout
         self._announced = True

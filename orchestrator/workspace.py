@@ -61,20 +61,21 @@ class Workspace:
             )
         return str(real)
 
-    def attachments(self, items: Sequence[AttachmentParam]) -> tuple[Attachment, ...]:
-        """The attachments, resolved.
-
-        Raises:
-            InvalidParams: -32602 (``field: attachments.<n>.path``), missing or outside the roots.
-        """
-        out = []
+    def usable_attachments(self, items: Sequence[AttachmentParam]) -> dict[int, Attachment]:
+        """The entries whose path is usable on this host (it resolves, symlinks followed, to an
+        existing file or folder inside a root), by index; the others need an inline copy
+        (``orchestrator.attachments``)."""
+        out = {}
         for index, item in enumerate(items):
-            field = f"attachments.{index}.path"
-            real = _resolve(item.path, field)
-            if not self.contains(real) or not real.exists():
-                raise InvalidParams("attachment path is missing or outside the workspace roots", field=field)
-            out.append(Attachment(item.name or real.name, str(real), item.description))
-        return tuple(out)
+            if not item.path:
+                continue
+            try:
+                real = Path(os.path.expanduser(item.path)).resolve()
+            except (ValueError, OSError):
+                continue  # NUL bytes, over-long: not usable here
+            if self.contains(real) and real.exists():
+                out[index] = Attachment(item.name or real.name, str(real), item.description)
+        return out
 
     def contains(self, path: Path) -> bool:
         return any(path == root or root in path.parents for root in self.roots)

@@ -114,7 +114,7 @@ class ProfileAdapter:
         profile = self.profile
         prefix = resolve_runtime(profile, self.profile_dir, where=self.where)
         values = {
-            "MESSAGE": scrub(request.prompt),
+            "MESSAGE": scrub(request.text_prompt()),
             "SESSION_ID": upstream_session_id or "",
             "SESSION_NAME": request.thread_id or "default",
             "PROFILE_DIR": str(self.profile_dir),

@@ -120,7 +120,7 @@ def protocol_env(
     request: TurnRequest, upstream_session_id: str | None, *, streaming: bool
 ) -> tuple[dict[str, str], bool]:
     """The ``AGENT_*`` variables for ``request``; also whether the message was truncated."""
-    message, truncated = message_for_env(scrub(request.prompt))
+    message, truncated = message_for_env(scrub(request.text_prompt()))
     env = {
         "AGENT_MESSAGE": message,
         "AGENT_SESSION_ID": upstream_session_id or "",
