@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the bridge's default limits.maxMessageBytes
+MAX_MESSAGE_BYTES = 36 * 1024 * 1024  # the bridge's default limits.maxMessageBytes
 SERVER_OPTIONS: dict[str, Any] = {
     "http": "httptools",
     "ws": "websockets-sansio",
