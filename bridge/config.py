@@ -75,6 +75,13 @@ class BridgeConfig(Settings, frozen=True):
     sse_keepalive: Seconds = 15.0
     log_level: str = "info"
     allow_insecure_no_auth: bool = False
+    data_dir: str | None = None
+    """The bridge's own files (default ``$XDG_DATA_HOME/xworkmate-bridge``, else
+    ``~/.local/share/xworkmate-bridge``)."""
+    remote_workspaces: bool | None = None
+    """A ``workingDirectory`` outside every root runs in a folder of the caller's session under
+    ``remoteWorkspaceRoot`` (default: on when the bridge listens off loopback)."""
+    remote_workspace_root: str | None = None  # default: <dataDir>/workspaces
     admin_principals: list[str] = msgspec.field(default_factory=lambda: [LOCAL_PRINCIPAL])
     """Principals that administer the bridge: read ``system.logs`` (and, later, the knowledge
     source registry and metrics)."""
@@ -108,6 +115,19 @@ class BridgeConfig(Settings, frozen=True):
     def named_tokens(self) -> list[NamedToken]:
         """``authTokens``, each named (``__post_init__`` names the bare ones)."""
         return [t for t in self.auth_tokens if isinstance(t, NamedToken)]
+
+    def data_path(self) -> Path:
+        """``dataDir``, resolved."""
+        if self.data_dir:
+            return Path(os.path.expanduser(self.data_dir)).resolve()
+        base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+        return (Path(base) / "xworkmate-bridge").resolve()
+
+    def remote_root(self) -> Path:
+        """``remoteWorkspaceRoot``, resolved (default ``<dataDir>/workspaces``)."""
+        if self.remote_workspace_root:
+            return Path(os.path.expanduser(self.remote_workspace_root)).resolve()
+        return self.data_path() / "workspaces"
 
     def roots(self) -> list[Path]:
         """Workspace roots as resolved paths (default: the home and the system temp directory)."""

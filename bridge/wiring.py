@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
+from bridge.auth import is_loopback
 from bridge.config import BridgeConfig, ConfigError, provider_problems
 from bridge.logs import keep_recent
 from bridge.methods import METHOD_NAMES
@@ -100,4 +101,6 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         knowledge=knowledge,
         background=[reap_orphans_forever],  # daemons an agent left behind that exited on their own
         admin_principals=config.admin_principals,
+        remote_root=config.remote_root(),
+        remote_workspaces=remote if (remote := config.remote_workspaces) is not None else not is_loopback(config.host),
     )

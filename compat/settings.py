@@ -490,6 +490,7 @@ class Limits(Settings, frozen=True):
     max_message_bytes: Count = 36 * MiB  # admits maxTurnAttachmentBytes of inline attachments (base64)
     max_attachment_bytes: Count = 10 * MiB  # one inline attachment, decoded (the app's own cap)
     max_turn_attachment_bytes: Count = 25 * MiB  # a turn's inline attachments, decoded (the app's own cap)
+    max_remote_workspace_bytes: Count = 1024 * MiB  # one session's remote workspace, checked before each turn
     max_agent_line_bytes: Count = 8 * MiB
     max_output_bytes: Count = 8 * MiB
     max_update_bytes: Count = 1 * MiB

@@ -68,6 +68,8 @@ class Orchestrator:
             layer's orphan sweep, ``compat.process.descendants.reap_orphans_forever``).
         admin_principals: the principals that administer this bridge (``adminPrincipals``): they
             may read its logs (``system.logs``).
+        remote_root / remote_workspaces: ``remoteWorkspaceRoot`` (resolved) and whether
+            ``remoteWorkspaces`` is on (``orchestrator.workspace.Workspace``).
     """
 
     def __init__(
@@ -82,11 +84,18 @@ class Orchestrator:
         knowledge: KnowledgeService | None = None,
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         admin_principals: Sequence[str] = ("local",),
+        remote_root: Path | None = None,
+        remote_workspaces: bool = False,
     ) -> None:
         self.registry = registry
         self._background = tuple(background)
         self.admin_principals = frozenset(admin_principals)
-        self.workspace = Workspace(roots)
+        self.workspace = Workspace(
+            roots,
+            remote_root=remote_root,
+            remote=remote_workspaces,
+            remote_max_bytes=limits.max_remote_workspace_bytes,
+        )
         self.limits = limits
         self.timeouts = timeouts
         info = bridge_info or {}
@@ -144,7 +153,7 @@ class Orchestrator:
                     await turn.ended.wait()
                 for session in self.sessions:
                     await self._end_provider_session(session)
-                    await self._remove_files(session)
+                    await self._remove_files(session, remote=False)  # kept: the same ids find it again
             await self.registry.aclose()
         self._tg.cancel_scope.cancel()
         try:
@@ -249,7 +258,7 @@ class Orchestrator:
                 finds the session's turn ending after a stop first waits for that end (bounded).
             LimitReached: -32006, ``maxSessions`` sessions exist.
         """
-        cwd = self.workspace.working_directory(params.working_directory)
+        cwd = self.workspace.working_directory(params.working_directory, principal, params.session_id)
         usable = self.workspace.usable_attachments(params.attachments)
         copies = attachments.match(params.attachments, params.inline_attachments, usable)
         resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider)
@@ -274,6 +283,9 @@ class Orchestrator:
         session.admit(turn, start=start)
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
+            if self.workspace.is_remote(cwd):
+                session.remote_workspace = True
+                await anyio.to_thread.run_sync(self.workspace.check_remote_size, cwd)
             if copies:
                 spec.attachments = await self._write_inline(session, spec, params, usable, copies)
         except BaseException:
@@ -409,12 +421,16 @@ class Orchestrator:
         self._tg.start_soon(self._end_provider_session, session)
         self._tg.start_soon(self._remove_files, session)
 
-    async def _remove_files(self, session: Session) -> None:
-        """Remove the inline attachments written for the session's turns; never raises."""
+    async def _remove_files(self, session: Session, *, remote: bool = True) -> None:
+        """Remove the inline attachments written for the session's turns and (``remote``) its
+        remote workspace; never raises."""
         folders, session.attachment_folders = session.attachment_folders, []
-        if folders:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if folders:
                 await anyio.to_thread.run_sync(attachments.remove, folders)
+            if remote and session.remote_workspace:
+                session.remote_workspace = False
+                await anyio.to_thread.run_sync(self.workspace.remove_remote, session.owner, session.session_id)
 
     async def _sweep_sessions(self) -> None:
         interval = min(60.0, self.timeouts.session_idle_timeout / 2)
