@@ -80,6 +80,7 @@ class TurnParams(_Preference):
     model: str | None = Field(None, max_length=200)
     attachments: list[AttachmentParam] = Field(default_factory=list, max_length=64)
     inline_attachments: list[InlineAttachmentParam] = Field(default_factory=list, max_length=64)
+    return_artifacts: bool = False
 
     @field_validator("task_prompt")
     @classmethod

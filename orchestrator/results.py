@@ -135,6 +135,7 @@ class TurnResult(Result, frozen=True):
     preferred_provider_message: str = ""
     error: TurnErrorInfo | UnsetType = UNSET
     artifacts: list[dict[str, Any]] | UnsetType = UNSET
+    artifacts_omitted: str | UnsetType = UNSET
 
 
 class UnavailableTurnResult(Result, frozen=True):

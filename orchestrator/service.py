@@ -22,7 +22,7 @@ from anyio.abc import TaskGroup
 from bridge.rpc.errors import InvalidParams, NotFound
 from compat.base import Attachment, ProviderSession
 from compat.settings import Limits, Timeouts
-from orchestrator import attachments
+from orchestrator import artifacts, attachments
 from orchestrator.machine import Trigger
 from orchestrator.registry import ProviderRegistry
 from orchestrator.results import (
@@ -278,6 +278,8 @@ class Orchestrator:
             start=start,
             extra=params.extra_params(),
             turn_id=new_turn_id(),
+            collect_artifacts=self.workspace.is_remote(cwd)
+            or (params.return_artifacts and self.workspace.below_a_root(cwd)),
         )
         turn = Turn(self, session, spec, notify)
         session.admit(turn, start=start)
@@ -298,7 +300,25 @@ class Orchestrator:
             self._tg.start_soon(turn.run)
         await turn.ended.wait()
         assert turn.result is not None
+        if turn.files_before is not None or turn.artifacts_omitted:
+            return await self._with_artifacts(turn, turn.result)
         return turn.result
+
+    async def _with_artifacts(self, turn: Turn, result: TurnResult) -> TurnResult:
+        """``result`` with the files the turn made as ``artifacts`` (after the provider's own)."""
+        files, note = [], turn.artifacts_omitted
+        if turn.files_before is not None:
+            limits = self.limits
+            files, note = await anyio.to_thread.run_sync(
+                artifacts.changed,
+                result.resolved_working_directory,
+                turn.files_before,
+                limits.max_artifact_scan_files,
+                limits.max_artifact_result_bytes,
+            )
+        own = result.artifacts if isinstance(result.artifacts, list) else []
+        omitted = note or msgspec.UNSET
+        return msgspec.structs.replace(result, artifacts=[*own, *files], artifacts_omitted=omitted)
 
     async def _until_stopped(self, session: Session) -> None:
         """Wait while the session's turn is ending after a stop, at most the documented cancel

@@ -42,7 +42,7 @@ from compat.base import (
     TurnRequest,
 )
 from compat.settings import Limits, Timeouts
-from orchestrator import updates
+from orchestrator import artifacts, updates
 from orchestrator.machine import Trigger, TurnMachine, TurnState
 from orchestrator.results import TurnErrorInfo, TurnResult
 from orchestrator.routing import Resolution
@@ -86,7 +86,17 @@ class TurnHost(Protocol):
 class TurnInput:
     """What the orchestrator decided before admitting the turn (all checked already)."""
 
-    __slots__ = ("attachments", "cwd", "extra", "principal", "prompt", "resolution", "start", "turn_id")
+    __slots__ = (
+        "attachments",
+        "collect_artifacts",
+        "cwd",
+        "extra",
+        "principal",
+        "prompt",
+        "resolution",
+        "start",
+        "turn_id",
+    )
 
     def __init__(
         self,
@@ -99,8 +109,10 @@ class TurnInput:
         start: bool,
         extra: dict[str, Any],
         turn_id: str = "",
+        collect_artifacts: bool = False,
     ) -> None:
         self.turn_id = turn_id or new_turn_id()  # also names the folder of its inline attachments
+        self.collect_artifacts = collect_artifacts  # list cwd before the turn: its new files are artifacts
         self.prompt = prompt
         self.cwd = cwd
         self.attachments = attachments
@@ -142,6 +154,8 @@ class Turn:
         self._history_index: int | None = None  # where this turn's answer sits in the session's history
         self._quiet_since = 0.0  # anyio time of the last update published (or of the wait's start)
         self._waiting_for_slot = False  # waiting for one of maxRunningTurns
+        self.files_before: artifacts.Listing | None = None  # cwd before the provider ran (collect_artifacts)
+        self.artifacts_omitted = ""  # why the files were not listed
 
     @property
     def state(self) -> TurnState:
@@ -233,7 +247,18 @@ class Turn:
         async with host.running:  # bounds the turns running at once (agent spawns), bridge-wide
             self._waiting_for_slot = False
             self._quiet_since = anyio.current_time()  # a new wait: for the agent to start
+            if spec.collect_artifacts:
+                await self._list_files()
             await self._run_provider(provider_id, self.turn_id)
+
+    async def _list_files(self) -> None:
+        limit = self._limits.max_artifact_scan_files
+        try:
+            self.files_before = await anyio.to_thread.run_sync(artifacts.listing, self._spec.cwd, limit)
+        except artifacts.TooManyFiles:
+            self.artifacts_omitted = (
+                f"more than {limit} files in the working directory (maxArtifactScanFiles): no artifacts"
+            )
 
     async def _run_provider(self, provider_id: str, turn_id: str) -> None:
         spec, host = self._spec, self._host

@@ -105,6 +105,12 @@ class Workspace:
         """Whether ``path`` (a turn's resolved working directory) is in a remote workspace."""
         return self.remote_root is not None and _within(Path(path), self.remote_root)
 
+    def below_a_root(self, path: str) -> bool:
+        """Whether ``path`` lies inside a root and is not a root itself (``returnArtifacts`` never
+        lists a whole root such as the home directory)."""
+        real = Path(path)
+        return any(root in real.parents for root in self.roots)
+
     def check_remote_size(self, path: str) -> None:
         """Refuse a turn in a remote folder that holds ``remote_max_bytes`` or more (blocking: it
         walks the folder, without following links, at most :data:`SIZE_WALK_ENTRIES` entries).

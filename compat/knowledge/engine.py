@@ -377,8 +377,9 @@ class KnowledgeTurn:
                 "detail": "Returned a structured llmwiki_agent_result artifact.",
             },
         )
-        artifact = {
+        artifact = {  # a name and no content: the app keeps it, and writes nothing to disk for it
             "type": "llmwiki_agent_result",
+            "name": "llmwiki_agent_result",
             "requestId": self.turn.turn_id,
             "traceId": uuid.uuid4().hex,
             "answer": answer,

@@ -49,6 +49,7 @@ async def test_an_evidence_only_turn_reports_each_step_then_the_answer() -> None
     assert all(isinstance(e, StatusEvent) for e in sink.events[:first_delta])
     assert set(artifact) == {
         "type",
+        "name",
         "requestId",
         "traceId",
         "answer",
@@ -60,6 +61,7 @@ async def test_an_evidence_only_turn_reports_each_step_then_the_answer() -> None
         "diagnostics",
     }
     assert artifact["type"] == "llmwiki_agent_result" and artifact["requestId"] == "turn-1"
+    assert artifact["name"] and "content" not in artifact  # the desktop app keeps it and writes no file
     assert artifact["citations"][0] == {
         **artifact["citations"][0],
         "id": "acme:ops/billing/refund-policy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -68,6 +69,13 @@ class FakeSession:
             sink.emit(ThoughtDelta("thinking"))
             sink.emit(StatusEvent("available_commands_update"))
             return TurnOutcome("completed", stop_reason="end_turn", usage={"totalTokens": 3})
+        if prompt.startswith("write "):  # write each named file (size:<n> makes it n bytes) in the cwd
+            for spec in prompt[6:].split():
+                name, _, size = spec.partition(":")
+                target = Path(request.working_directory) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(b"x" * int(size) if size else f"made {name}\n".encode())
+            return TurnOutcome("completed", stop_reason="end_turn")
         if prompt == "hang":
             sink.emit(TextDelta("partial"))
             await self.cancelled.wait()

@@ -103,3 +103,64 @@ def test_remote_workspaces_default_on_only_off_loopback(tmp_path: Path) -> None:
     forced = build_orchestrator(convert({**base, "remoteWorkspaces": True}, BridgeConfig))
     assert (local.workspace.remote, exposed.workspace.remote, forced.workspace.remote) == (False, True, True)
     assert exposed.workspace.remote_root == (tmp_path / "data" / "workspaces").resolve()
+
+
+# ---- finding 4: the files a turn made come back as artifacts -------------------------------------
+
+
+async def test_a_remote_turn_returns_the_files_it_made_newest_first(tmp_path: Path) -> None:
+    async with in_background(make(tmp_path, remote=True)) as orch:
+        first = await turn(orch, APP_PATH, prompt="write old.txt")
+        folder = Path(first.resolved_working_directory)
+        (folder / ".hidden").mkdir()
+        (folder / "link.txt").symlink_to("/etc/hostname")
+        result = await turn(orch, APP_PATH, prompt="write reports/a.md .hidden/secret node_modules/x.js")
+    assert [a["relativePath"] for a in first.artifacts] == ["old.txt"]
+    (a,) = result.artifacts  # old.txt unchanged; dot folders, node_modules and links skipped
+    assert a["relativePath"] == "reports/a.md" and a["label"] == "a.md" and a["contentType"] == "text/markdown"
+    assert a["encoding"] == "base64" and a["sizeBytes"] == len(b"made reports/a.md\n")
+    import base64
+    import hashlib
+
+    data = base64.b64decode(a["content"], validate=True)  # strict, as the app decodes it
+    assert data == b"made reports/a.md\n" and a["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+async def test_artifacts_past_the_result_cap_are_listed_without_content(tmp_path: Path) -> None:
+    orch = make(tmp_path, remote=True)
+    orch.limits = Limits(max_artifact_result_bytes=3000)
+    async with in_background(orch):
+        result = await turn(orch, APP_PATH, prompt="write a.bin:2000 b.bin:2000")
+    with_content = [a for a in result.artifacts if "content" in a]
+    assert len(result.artifacts) == 2 and len(with_content) == 1
+    assert "maxArtifactResultBytes" in result.artifacts_omitted
+
+
+async def test_too_many_files_give_no_artifacts_and_say_so(tmp_path: Path) -> None:
+    orch = make(tmp_path, remote=True)
+    orch.limits = Limits(max_artifact_scan_files=3)
+    async with in_background(orch):
+        result = await turn(orch, APP_PATH, prompt="write 1 2 3 4")
+        again = await turn(orch, APP_PATH, prompt="write 5")
+    assert result.artifacts == [] and "maxArtifactScanFiles" in result.artifacts_omitted
+    assert again.artifacts == [] and "maxArtifactScanFiles" in again.artifacts_omitted
+
+
+async def test_return_artifacts_lists_a_folder_under_a_root_but_never_a_root(tmp_path: Path) -> None:
+    async with in_background(make(tmp_path, remote=False)) as orch:
+        sub = tmp_path / "root" / "project"
+        sub.mkdir()
+
+        async def ask(cwd: Path, **extra: Any) -> Any:
+            params = TurnParams.model_validate(
+                {"sessionId": str(cwd), "taskPrompt": "write made.txt", "workingDirectory": str(cwd), **extra}
+            )
+            return await orch.run_turn(params, "alice", lambda *_: None, start=True)
+
+        asked = await ask(sub, returnArtifacts=True)
+        plain = await ask(sub)
+        root = await ask(tmp_path / "root", returnArtifacts=True)
+    from msgspec import UNSET
+
+    assert [a["relativePath"] for a in asked.artifacts] == ["made.txt"]
+    assert plain.artifacts is UNSET and root.artifacts is UNSET
