@@ -14,6 +14,7 @@ Every problem of a file is reported in one run, each with its key path and line,
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -49,6 +50,13 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the file and the bad key."""
 
 
+def token_principal(token: str) -> str:
+    """The principal of a token configured without a name: ``token-`` and the first 12 hex
+    digits of its SHA-256, stable whatever its place in the list (its sessions stay its own when
+    other tokens are added or removed)."""
+    return "token-" + hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
 class NamedToken(Settings, frozen=True):
     name: Annotated[str, msgspec.Meta(min_length=1)]
     token: Annotated[str, msgspec.Meta(min_length=1)]
@@ -60,7 +68,7 @@ class BridgeConfig(Settings, frozen=True):
 
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8787
-    auth_tokens: list[NamedToken | str] = []  # a bare token is named token-1, token-2, … (__post_init__)
+    auth_tokens: list[NamedToken | str] = []  # a bare token is named token-<hash> (token_principal)
     allowed_origins: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_ORIGINS))
     workspace_roots: list[str] = []
     providers: dict[str, ProviderConfig | None] | None = None  # None: every preset found on PATH
@@ -93,10 +101,7 @@ class BridgeConfig(Settings, frozen=True):
     logging is set up; not a configuration key."""
 
     def __post_init__(self) -> None:
-        named = [
-            NamedToken(name=f"token-{i}", token=t) if isinstance(t, str) else t
-            for i, t in enumerate(self.auth_tokens, start=1)
-        ]
+        named = [NamedToken(name=token_principal(t), token=t) if isinstance(t, str) else t for t in self.auth_tokens]
         if any(not t.token for t in named):
             raise FieldInvalid("authTokens", "a token must not be empty")
         if any(t.name == LOCAL_PRINCIPAL for t in named):
@@ -105,7 +110,9 @@ class BridgeConfig(Settings, frozen=True):
             )
         names = [t.name for t in named]
         if twice := next((n for n in names if names.count(n) > 1), None):
-            raise FieldInvalid("authTokens", f"two tokens are named {twice!r} (a bare token is named token-<n>)")
+            raise FieldInvalid(
+                "authTokens", f"two tokens are named {twice!r} (a bare token is named token-<hash of it>)"
+            )
         msgspec.structs.force_setattr(self, "auth_tokens", named)
         if self.providers is not None:  # `codex:` with nothing under it is the preset as it is
             providers = {k: ProviderConfig() if v is None else v for k, v in self.providers.items()}

@@ -499,7 +499,8 @@ class Limits(Settings, frozen=True):
     stderr_tail_bytes: Count = 64 * 1024
     client_stderr_tail_bytes: Count = 4 * 1024
     max_queued_turns: Annotated[int, msgspec.Meta(ge=0)] = 16
-    max_sessions: Count = 1000
+    max_sessions: Count = 10_000  # bridge-wide
+    max_sessions_per_token: Count = 1000  # per principal; its own LRU idle session makes room
     max_running_turns: Count = 128  # turns running at once bridge-wide; more wait
     max_connection_queue: Count = 65536  # outbound envelopes buffered per connection
     max_connection_queue_bytes: Count = 16 * MiB  # and their bytes; then the client is dropped

@@ -107,7 +107,9 @@ class Orchestrator:
         self.methods = methods or []
         self.knowledge = knowledge
         self.running = anyio.Semaphore(limits.max_running_turns)
-        self.sessions = SessionTable(limits.max_sessions, limits.max_queued_turns, self._forgotten)
+        self.sessions = SessionTable(
+            limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token
+        )
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
         self._capabilities: tuple[Any, CapabilitiesResult] | None = None
@@ -253,7 +255,6 @@ class Orchestrator:
         Raises:
             InvalidParams: -32602, bad workingDirectory, attachment or routing; or the provider
                 refused the turn's params (``preflight``).
-            NotFound: -32004, the session belongs to another token.
             SessionBusy: -32005 (``turn_running`` / ``queue_full``). A ``session.start`` that
                 finds the session's turn ending after a stop first waits for that end (bounded).
             LimitReached: -32006, ``maxSessions`` sessions exist.
@@ -385,10 +386,9 @@ class Orchestrator:
         """``session.cancel``: ``{accepted: true, cancelled: <a running or queued turn will end
         because of it>}``.
 
-        Raises:
-            NotFound: -32004, the session belongs to another token.
+        Another principal's session is an unknown one (``cancelled: false``).
         """
-        session = self.sessions.owned(session_id, principal)
+        session = self.sessions.get(session_id, principal)
         cancelled = False
         if session is not None:
             for turn in list(session.turns):
@@ -397,15 +397,12 @@ class Orchestrator:
 
     async def close(self, session_id: str, principal: str) -> CloseResult:
         """``session.close``: stop its turns at once, end the provider session and its process,
-        forget the session.
-
-        Raises:
-            NotFound: -32004, the session belongs to another token.
+        forget the session. Another principal's session is an unknown one (``closed: false``).
         """
-        session = self.sessions.owned(session_id, principal)
+        session = self.sessions.get(session_id, principal)
         if session is None:
             return CloseResult(accepted=True, closed=False)
-        self.sessions.pop(session_id)
+        self.sessions.pop(session_id, principal)
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
             turns = list(session.turns)
             for turn in turns:
@@ -420,10 +417,10 @@ class Orchestrator:
         """``session.permission``: answer a pending ``ask`` permission request.
 
         Raises:
-            NotFound: -32004, unknown session/request, already answered, or another token's session.
+            NotFound: -32004, unknown session/request (another principal's is unknown), or already answered.
             InvalidParams: -32602, ``optionId`` is not one of the request's options.
         """
-        session = self.sessions.owned(params.session_id, principal)
+        session = self.sessions.get(params.session_id, principal)
         pending = session.permissions.get(params.request_id) if session else None
         if pending is None or pending.answered.is_set():
             raise NotFound("unknown or already answered permission request", requestId=params.request_id)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import anyio
 
 from bridge.rpc.codec import dumps, loads
-from bridge.rpc.errors import LimitReached, NotFound, SessionBusy
+from bridge.rpc.errors import LimitReached, SessionBusy
 from compat.base import ProviderSession
 from orchestrator.machine import Trigger
 
@@ -218,19 +218,30 @@ class Session:
 
 
 class SessionTable:
-    """The bridge's sessions by id, at most ``max_sessions`` of them.
+    """The bridge's sessions, keyed by (principal, sessionId): two principals may use the same id
+    without meeting, and to each, another's session does not exist (docs/api.md "Sessions").
 
     Args:
-        max_sessions: ``limits.maxSessions``; the least recently used idle session is forgotten to
-            make room.
+        max_sessions: ``limits.maxSessions``, bridge-wide; the least recently used idle session
+            (of any principal) is forgotten to make room.
         max_queued: ``limits.maxQueuedTurns`` of each new session.
         on_forget: called with each session forgotten to make room or for being idle (its
             provider session must be ended).
+        max_per_principal: ``limits.maxSessionsPerToken``; a principal at its cap has its own
+            least recently used idle session forgotten, never another's.
     """
 
-    def __init__(self, max_sessions: int, max_queued: int, on_forget: Callable[[Session], None]) -> None:
-        self._sessions: dict[str, Session] = {}
+    def __init__(
+        self,
+        max_sessions: int,
+        max_queued: int,
+        on_forget: Callable[[Session], None],
+        max_per_principal: int | None = None,
+    ) -> None:
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._counts: dict[str, int] = {}
         self._max = max_sessions
+        self._max_per_principal = max_per_principal or max_sessions
         self._max_queued = max_queued
         self._on_forget = on_forget
 
@@ -240,47 +251,64 @@ class SessionTable:
     def __iter__(self) -> Iterator[Session]:
         return iter(tuple(self._sessions.values()))
 
-    def owned(self, session_id: str, principal: str) -> Session | None:
-        """The session ``session_id`` if it exists; None if it does not.
-
-        Raises:
-            NotFound: -32004, it belongs to another principal (to that caller it does not exist).
-        """
-        session = self._sessions.get(session_id)
-        if session is not None and session.owner != principal:
-            raise NotFound("unknown session", sessionId=session_id)
-        return session
+    def get(self, session_id: str, principal: str) -> Session | None:
+        """The principal's session ``session_id``, or None (also when only another principal
+        has one by that id)."""
+        return self._sessions.get((principal, session_id))
 
     def open(self, session_id: str, principal: str, thread_id: str) -> Session:
         """The principal's session ``session_id``, created when it does not exist.
 
         Raises:
-            NotFound: -32004, another principal's session.
-            LimitReached: -32006, ``maxSessions`` sessions exist and none is idle.
+            LimitReached: -32006, the principal has ``maxSessionsPerToken`` sessions or the bridge
+                ``maxSessions``, and none of them (of the principal's, for the first) is idle.
         """
-        session = self.owned(session_id, principal)
+        session = self._sessions.get((principal, session_id))
         if session is not None:
             session.thread_id = thread_id
             return session
-        if len(self._sessions) >= self._max and not self.evict_idle():
+        if self._counts.get(principal, 0) >= self._max_per_principal and not self._evict(principal):
+            raise LimitReached(
+                "too many sessions for this token", limit="maxSessionsPerToken", value=self._max_per_principal
+            )
+        if len(self._sessions) >= self._max and not self._evict(None):
             raise LimitReached("too many sessions", limit="maxSessions", value=self._max)
-        session = self._sessions[session_id] = Session(session_id, principal, thread_id, max_queued=self._max_queued)
+        session = Session(session_id, principal, thread_id, max_queued=self._max_queued)
+        self._sessions[(principal, session_id)] = session
+        self._counts[principal] = self._counts.get(principal, 0) + 1
         return session
 
-    def pop(self, session_id: str) -> Session | None:
-        return self._sessions.pop(session_id, None)
+    def pop(self, session_id: str, principal: str) -> Session | None:
+        session = self._sessions.pop((principal, session_id), None)
+        if session is not None:
+            self._uncount(principal)
+        return session
 
-    def evict_idle(self, older_than: float | None = None) -> int:
-        """Forget idle sessions: the least recently used one (making room), or every one idle for
-        longer than ``older_than`` seconds. Returns how many."""
-        idle = sorted((s for s in self._sessions.values() if not s.busy), key=lambda s: s.last_active)
-        if older_than is not None:
-            limit = time.monotonic() - older_than
-            idle = [s for s in idle if s.last_active < limit]
+    def _uncount(self, principal: str) -> None:
+        left = self._counts.get(principal, 1) - 1
+        if left:
+            self._counts[principal] = left
         else:
-            idle = idle[:1]
+            self._counts.pop(principal, None)
+
+    def _evict(self, principal: str | None) -> int:
+        """Forget the least recently used idle session (of ``principal`` when given)."""
+        idle = [s for s in self._sessions.values() if not s.busy and (principal is None or s.owner == principal)]
+        if not idle:
+            return 0
+        self._forget(min(idle, key=lambda s: s.last_active))
+        return 1
+
+    def evict_idle(self, older_than: float) -> int:
+        """Forget every session idle for longer than ``older_than`` seconds. Returns how many."""
+        limit = time.monotonic() - older_than
+        idle = [s for s in self._sessions.values() if not s.busy and s.last_active < limit]
         for session in idle:
-            self._sessions.pop(session.session_id, None)
-            self._on_forget(session)
-            log.info("forgot idle session %s", session.session_id[:80])
+            self._forget(session)
         return len(idle)
+
+    def _forget(self, session: Session) -> None:
+        if self._sessions.pop((session.owner, session.session_id), None) is not None:
+            self._uncount(session.owner)
+        self._on_forget(session)
+        log.info("forgot idle session %s", session.session_id[:80])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ConfigError, load_config
+from bridge.config import ConfigError, load_config, token_principal
 from bridge.wiring import provider_configs
 
 
@@ -43,7 +43,10 @@ def test_env_overrides_file_and_flags_override_env(tmp_path, monkeypatch):
     monkeypatch.setenv("BRIDGE_HOST", "")  # empty values are ignored
     config = load_config(path)
     assert config.port == 2222 and config.host == "127.0.0.1"
-    assert [(t.name, t.token) for t in config.auth_tokens] == [("token-1", "a-token"), ("token-2", "b-token")]
+    assert [(t.name, t.token) for t in config.auth_tokens] == [
+        (token_principal("a-token"), "a-token"),
+        (token_principal("b-token"), "b-token"),
+    ]
     assert load_config(path, {"port": 3333}).port == 3333
 
 
@@ -54,7 +57,13 @@ def test_bridge_config_path_env_is_used(tmp_path, monkeypatch):
 
 def test_named_and_unnamed_tokens(tmp_path):
     config = load_config(write(tmp_path, "authTokens: [one-secret, {name: ci, token: two-secret}]\n"))
-    assert [(t.name, t.token) for t in config.auth_tokens] == [("token-1", "one-secret"), ("ci", "two-secret")]
+    assert [(t.name, t.token) for t in config.auth_tokens] == [
+        (token_principal("one-secret"), "one-secret"),
+        ("ci", "two-secret"),
+    ]
+    moved = load_config(write(tmp_path, "authTokens: [{name: ci, token: two-secret}, extra-secret, one-secret]\n"))
+    assert moved.auth_tokens[2].name == config.auth_tokens[0].name  # its place in the list does not matter
+    assert config.auth_tokens[0].name.startswith("token-") and "one-secret" not in config.auth_tokens[0].name
 
 
 def test_variables_expand_and_a_missing_one_is_an_error_naming_the_key(tmp_path, monkeypatch):
@@ -204,7 +213,8 @@ def test_tokens_from_the_environment_replace_the_file_s_in_either_spelling_and_n
 @pytest.mark.parametrize(
     "text,message",
     [
-        ("authTokens: [a, {name: token-1, token: b}]\n", "authTokens: two tokens are named 'token-1'"),
+        ("authTokens: [{name: x, token: a}, {name: x, token: b}]\n", "authTokens: two tokens are named 'x'"),
+        ("authTokens: [{name: local, token: a-token}]\n", "authTokens: a token cannot be named 'local'"),
         ("'-': /etc\n", "-: unknown key"),
         ("profile_dir: /etc\n", "profile_dir: unknown key"),
         ("a: " + "[" * 600 + "]" * 600 + "\n", "nested too deeply"),

@@ -15,6 +15,7 @@ import pytest
 
 import bridge
 import bridge.http_app
+from bridge.config import token_principal
 from bridge.http_app import create_app, image_info
 
 from .conftest import WAIT, Handlers, TestClient, make_config, request
@@ -276,7 +277,7 @@ def test_without_a_lifespan_a_notification_still_runs_after_its_204(handlers):
     http = TestClient(app)  # not entered: no lifespan
     response = http.post("/acp/rpc", json=request("test.record", {"k": 2}, None), headers=AUTH)
     assert response.status_code == 204
-    assert handlers.calls == [("record", {"k": 2}, "token-1")]
+    assert handlers.calls == [("record", {"k": 2}, token_principal(TOKEN))]
 
 
 # ---- body size -------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def start(tg: anyio.abc.TaskGroup, orch: Orchestrator, client: Client, prompt: s
 
 
 def agent_pid(orch: Orchestrator, session: str = "s1") -> int | None:
-    found = orch.sessions.owned(session, "local")
+    found = orch.sessions.get(session, "local")
     provider = found.provider_session if found is not None else None
     return getattr(provider, "pid", None)
 
@@ -195,7 +195,7 @@ async def test_updates_written_before_session_new_answered_reach_the_turn(make_a
     assert result.output == "early echo: hi"  # the early chunk is this turn's first text
     commands = [u for u in client.of("status") if u["event"] == "available_commands_update"]
     assert commands[0]["data"]["availableCommands"][0]["name"] == "early"
-    assert orch.sessions.owned("s1", "local").state["available_commands_update"] is not None
+    assert orch.sessions.get("s1", "local").state["available_commands_update"] is not None
 
 
 async def test_a_chunk_after_the_prompt_answer_is_a_delta_of_that_turn(make_agent: AgentFactory) -> None:
@@ -207,7 +207,7 @@ async def test_a_chunk_after_the_prompt_answer_is_a_delta_of_that_turn(make_agen
     done, late = client.updates[-2], client.updates[-1]
     assert done["type"] == "done" and late["type"] == "delta"
     assert late["turnId"] == result.turn_id and late["seq"] == done["seq"] + 1
-    assert orch.sessions.owned("s1", "local").history[-1] == ("assistant", "echo: hilate")
+    assert orch.sessions.get("s1", "local").history[-1] == ("assistant", "echo: hilate")
 
 
 async def test_session_state_between_turns_is_kept_and_sent_with_the_next_turn(make_agent: AgentFactory) -> None:
@@ -215,7 +215,7 @@ async def test_session_state_between_turns_is_kept_and_sent_with_the_next_turn(m
     first = Client()
     await orch.run_turn(turn("one"), "local", first, start=True)
     await wait_log(make_agent.log, lambda e: e.get("event") == "between-turns")
-    session = orch.sessions.owned("s1", "local")
+    session = orch.sessions.get("s1", "local")
     with anyio.fail_after(WAIT):
         while "current_mode_update" not in session.state:
             await anyio.sleep(0.01)  # the agent's line crosses a pipe; no event marks its arrival
@@ -264,7 +264,7 @@ async def test_an_agent_killed_while_its_permission_request_waits_fails_the_turn
         os.kill(agent_pid(orch), signal.SIGKILL)
         result = await box.wait()
     assert result.status == "failed" and result.error.code == "AGENT_EXITED"
-    assert orch.sessions.owned("s1", "local").permissions == {}  # nobody can answer it any more
+    assert orch.sessions.get("s1", "local").permissions == {}  # nobody can answer it any more
 
 
 async def test_an_idle_reaper_that_fails_disturbs_no_other_session(

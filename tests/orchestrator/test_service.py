@@ -167,16 +167,16 @@ async def test_output_limit_fails_the_turn_and_keeps_output_so_far(orch):
     assert "".join(u["delta"] for u in rec.updates if u["type"] == "delta") == result["output"]
 
 
-async def test_another_token_cannot_touch_the_session(orch):
+async def test_another_principals_session_is_an_unknown_one(orch):
     await orch.run_turn(params("hi"), "alice", Recorder(), start=True)
-    with pytest.raises(NotFound):
-        orch.cancel("s1", "bob")
-    with pytest.raises(NotFound):
-        await orch.close("s1", "bob")
-    with pytest.raises(NotFound):
-        await orch.run_turn(params("hi"), "bob", Recorder(), start=False)
+    unknown = (orch.cancel("nope", "bob"), await orch.close("nope", "bob"))
+    assert (orch.cancel("s1", "bob"), await orch.close("s1", "bob")) == unknown
+    assert unknown == ({"accepted": True, "cancelled": False}, {"accepted": True, "closed": False})
+    theirs = await orch.run_turn(params("echo mine"), "bob", Recorder(), start=False)  # bob's own s1
+    assert theirs["output"] == "mine " and theirs["sessionId"] == "s1"
     assert await orch.close("s1", "alice") == {"accepted": True, "closed": True}
     assert await orch.close("s1", "alice") == {"accepted": True, "closed": False}
+    assert await orch.close("s1", "bob") == {"accepted": True, "closed": True}
 
 
 async def test_permission_ask_round_trip_and_unknown_request(orch):

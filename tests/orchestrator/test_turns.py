@@ -180,7 +180,7 @@ async def test_the_agent_exiting_while_a_permission_is_pending_fails_the_turn_an
                 "local",
             )
     assert result.status == "failed" and result.error.code == "AGENT_EXITED"
-    assert orch.sessions.owned("s1", "local").permissions == {}
+    assert orch.sessions.get("s1", "local").permissions == {}
 
 
 async def test_a_provider_that_raises_fails_only_its_own_turn(tmp_path: Path) -> None:
@@ -356,7 +356,7 @@ async def test_chunks_behind_the_result_cost_no_more_than_the_output_they_add(tm
         turn_sink = adapter.sessions[0].sink
         for _ in range(5000):
             turn_sink.emit(TextDelta("x" * 100))  # 500 KB against maxOutputBytes 1000
-        session = orch.sessions.owned("s1", "local")
+        session = orch.sessions.get("s1", "local")
         assert len(turn_sink._parts) <= 11  # not one entry per chunk past the limit
         role, answer = session.history[-1]
     assert result.status == "completed" and role == "assistant"
