@@ -23,7 +23,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, Response, parse_frame
-from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, MethodNotFound, RpcError
+from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, LimitReached, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
 
@@ -82,12 +82,20 @@ class Dispatcher:
 
     Args:
         methods: the methods (``bridge.methods.build_dispatcher`` binds the registry's).
+        max_batch_size: ``limits.maxBatchSize``: a longer batch is answered with one -32006 error
+            (``id: null``) and none of its requests runs.
+        max_batch_reply_bytes: ``limits.maxBatchReplyBytes``: a batch whose replies together are
+            larger gets one -32006 error instead of them.
 
     Raises:
         TypeError: a method's ``inline`` does not match its handler (``def`` vs ``async def``).
     """
 
-    def __init__(self, methods: Iterable[Method]) -> None:
+    def __init__(
+        self, methods: Iterable[Method], *, max_batch_size: int = 100, max_batch_reply_bytes: int = 32 * 1024 * 1024
+    ) -> None:
+        self._max_batch = max_batch_size
+        self._max_batch_reply = max_batch_reply_bytes
         self._methods: dict[str, Method] = {}
         for method in methods:
             if method.inline == inspect.iscoroutinefunction(method.handler):
@@ -202,6 +210,14 @@ class Dispatcher:
             stream.reply(reply)
 
     async def _run_batch(self, messages: tuple[Any, ...], stream: EnvelopeStream, ctx: CallContext) -> None:
+        if len(messages) > self._max_batch:
+            error = LimitReached(
+                f"the batch has {len(messages)} elements; maxBatchSize is {self._max_batch}",
+                limit="maxBatchSize",
+                value=self._max_batch,
+            )
+            stream.reply(Reply.from_error(None, error))
+            return
         replies: list[Reply | None] = [None] * len(messages)
 
         async def run(index: int, request: Request) -> None:
@@ -213,7 +229,7 @@ class Dispatcher:
                     batch_tg.start_soon(run, index, message)
                 else:
                     replies[index] = _not_a_request(message)
-        stream.batch([r for r in replies if r is not None])
+        stream.batch([r for r in replies if r is not None], self._max_batch_reply)
 
 
 def _not_a_request(message: Invalid | Response) -> Reply:

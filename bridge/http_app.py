@@ -1,8 +1,9 @@
 """The ASGI application: ``POST /acp/rpc`` (JSON or SSE), ``GET /acp`` (WebSocket, ``bridge.ws``),
 ``GET /`` and ``GET /api/ping`` (docs/api.md "HTTP"; xworkmate-original.md §3.3-§3.6).
 
-Checks on ``/acp/rpc`` run in this order: OPTIONS → 204, other methods → 405, origin → 403, body
-size → 413, token → 401, JSON → 400. Everything after parsing is HTTP 200 (or 204 when nothing
+Checks on ``/acp/rpc`` run in this order: OPTIONS → 204, other methods → 405, origin → 403, token
+→ 401 (from the headers: no body byte of an unauthenticated request is read), body size → 413
+(``Content-Length``, then the bytes as they arrive), JSON → 400. Everything after parsing is HTTP 200 (or 204 when nothing
 will be answered), JSON-RPC errors included.
 
 Imports ``bridge.*``, Starlette and sse-starlette only; knows nothing about sessions.
@@ -265,13 +266,14 @@ class RpcEndpoint:
         return await self._post(request, headers)
 
     async def _post(self, request: Request, headers: dict[str, str]) -> Response:
+        try:  # from the headers, before any body byte is read: an unauthenticated body is never buffered
+            principal = self._auth.authenticate(request.headers.get("authorization"))
+        except Unauthorized as exc:
+            # Connection: close, so uvicorn does not read (and discard) the rest of the body
+            return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer", "Connection": "close"})
         body = await self._read(request.receive, request.headers.get("content-length", ""), headers)
         if isinstance(body, Response):
             return body
-        try:
-            principal = self._auth.authenticate(request.headers.get("authorization"))
-        except Unauthorized as exc:
-            return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer"})
         try:
             frame, reply_expected = parse_body(body)
         except ParseError as exc:

@@ -206,4 +206,9 @@ def build_dispatcher(orch: Orchestrator) -> Dispatcher:
     Raises:
         TypeError: an entry's ``inline`` does not match its handler's kind.
     """
-    return Dispatcher(spec.bind(orch) for spec in METHODS)
+    limits = orch.limits
+    return Dispatcher(
+        (spec.bind(orch) for spec in METHODS),
+        max_batch_size=limits.max_batch_size,
+        max_batch_reply_bytes=limits.max_batch_reply_bytes,
+    )

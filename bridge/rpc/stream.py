@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.rpc.codec import Reply, encode_notification
+from bridge.rpc.errors import LimitReached
 
 Sink = Callable[[bytes], None]
 
@@ -37,9 +38,26 @@ class EnvelopeStream:
     def reply(self, reply: Reply) -> None:
         self._sink(reply.encode(self._next()))
 
-    def batch(self, replies: list[Reply]) -> None:
-        if replies:
-            self._sink(b"[" + b",".join(r.encode(self._next()) for r in replies) + b"]")
+    def batch(self, replies: list[Reply], max_bytes: int | None = None) -> None:
+        """Send ``replies`` as one array; when its elements together pass ``max_bytes``, one
+        -32006 error (``id: null``, ``data.limit: "maxBatchReplyBytes"``) goes instead."""
+        if not replies:
+            return
+        first = self._seq
+        parts, size = [], 0
+        for reply in replies:
+            parts.append(encoded := reply.encode(self._next()))
+            size += len(encoded)
+            if max_bytes is not None and size > max_bytes:
+                self._seq = first  # numbered as if the array had never been built
+                error = LimitReached(
+                    f"the batch's replies pass maxBatchReplyBytes ({max_bytes} bytes)",
+                    limit="maxBatchReplyBytes",
+                    value=max_bytes,
+                )
+                self.reply(Reply.from_error(None, error))
+                return
+        self._sink(b"[" + b",".join(parts) + b"]")
 
     def notify(self, method: str, params: Any) -> None:
         self._sink(encode_notification(method, params, self._next()))

@@ -165,16 +165,16 @@ async def test_cors_headers_go_on_every_response_to_an_allowed_origin(handlers):
     assert (ok.status_code, denied.status_code) == (200, 401)
 
 
-async def test_check_order_is_origin_then_size_then_token_then_json(handlers):
+async def test_check_order_is_origin_then_token_then_size_then_json(handlers):
     big = b"x" * 2048
     async with client(handlers, limits={"max_message_bytes": 1024}) as http:
         evil = await http.post("/acp/rpc", content=big, headers={"Origin": "https://evil.example"})
-        too_big = await http.post("/acp/rpc", content=big, headers={"Origin": ORIGIN})
-        no_token = await http.post("/acp/rpc", content=b"{not json", headers={"Origin": ORIGIN})
+        no_token = await http.post("/acp/rpc", content=big, headers={"Origin": ORIGIN})
+        too_big = await http.post("/acp/rpc", content=big, headers={"Origin": ORIGIN, **AUTH})
         bad_json = await http.post("/acp/rpc", content=b"{not json", headers={"Origin": ORIGIN, **AUTH})
-    assert [r.status_code for r in (evil, too_big, no_token, bad_json)] == [403, 413, 401, 400]
-    codes = [envelope(r)["error"]["code"] for r in (evil, too_big, no_token, bad_json)]
-    assert codes == [-32003, -32600, -32001, -32700]
+    assert [r.status_code for r in (evil, no_token, too_big, bad_json)] == [403, 401, 413, 400]
+    codes = [envelope(r)["error"]["code"] for r in (evil, no_token, too_big, bad_json)]
+    assert codes == [-32003, -32001, -32600, -32700]
 
 
 async def test_a_missing_or_wrong_token_is_401_with_an_unauthorized_envelope(handlers):
