@@ -163,9 +163,9 @@ class ProviderRegistry:
         try:
             try:
                 result = await self._adapters[provider_id].probe_full()
-            except Exception as exc:  # a probe must never take the bridge down
-                log.warning("probe of %s failed: %s", provider_id, type(exc).__name__)
-                result = ProbeResult("error", type(exc).__name__)
+            except Exception:  # a probe must never take the bridge down
+                log.exception("probe of %s failed unexpectedly", provider_id)
+                result = ProbeResult("error", "the probe failed unexpectedly (see the bridge's log)")
             if result.status == "error":
                 log.info(
                     "provider %s: probe failed (%s); probed again after %g s",

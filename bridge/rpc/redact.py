@@ -49,13 +49,23 @@ def register_secret(value: str | None) -> None:
 _SECRET_NAME = re.compile(r"(?i)key|token|secret|passw|credential|auth")
 
 
-def register_env_secrets(env: dict[str, str]) -> None:
-    """Register the values of variables whose names look secret (``*_API_KEY``, ``*TOKEN`` …).
+CONFIG_SECRET_CHARS = 8
+"""A value the configuration injects into a child's environment is a secret from this length."""
 
-    Other values (paths, flags) stay readable in diagnostics.
+
+def register_env_secrets(env: dict[str, str], *, from_config: bool = True) -> None:
+    """Register environment values a child gets as secrets.
+
+    Args:
+        env: ``{name: value}``.
+        from_config: the values come from the configuration (a provider's or profile's ``env``):
+            each of :data:`CONFIG_SECRET_CHARS` characters or more is a secret whatever its
+            variable's name (an operator's key is not always in ``*_API_KEY``). Otherwise
+            (passed through from the bridge's environment) only those of variables whose names
+            look secret (``*KEY*``, ``*TOKEN*`` …): paths and flags stay readable.
     """
     for name, value in env.items():
-        if _SECRET_NAME.search(name):
+        if _SECRET_NAME.search(name) or (from_config and len(value) >= CONFIG_SECRET_CHARS):
             register_secret(value)
 
 

@@ -206,15 +206,24 @@ class AcpAdapter:
             assert conn is not None  # a shielded scope is never cancelled: the spawn ran
             await tg.start(conn.run)
             info = await conn.initialize()
+        # A probe's reason reaches every client in acp.capabilities: a short classified reason
+        # there, the detail (stderr: paths, environment) only in the bridge's log.
         except SpawnError as exc:
-            return ProbeResult("error", redact(str(exc)))
+            logger.warning("provider %s: probe: %s", self.info.provider_id, redact(str(exc)))
+            return ProbeResult("error", "the agent could not be started (see the bridge's log)")
         except RequestTimeout as exc:
             return ProbeResult("error", f"initialize timed out after {exc.timeout} s")
         except PeerClosed as exc:
             tail = cut_tail(exc.stderr_tail, _REASON_TAIL_BYTES)  # redacted, on a line boundary
-            return ProbeResult("error", f"agent exited with code {exc.exit_code}: {tail}")
+            logger.warning(
+                "provider %s: probe: agent exited with code %s; stderr:\n%s", self.info.provider_id, exc.exit_code, tail
+            )
+            return ProbeResult(
+                "error", f"the agent exited with code {exc.exit_code} during initialize (see the bridge's log)"
+            )
         except PeerError as exc:
-            return ProbeResult("error", redact(str(exc)))
+            logger.warning("provider %s: probe: %s", self.info.provider_id, redact(str(exc)))
+            return ProbeResult("error", "the agent answered initialize with an error (see the bridge's log)")
         finally:
             if conn is not None:
                 await conn.close(KILL_GRACE)

@@ -60,9 +60,10 @@ def child_env(
         if name in parent:
             out[name] = parent[name]
     out.update(env or {})
-    # Only values under secret-looking names: registering paths and flags would redact them
-    # (e.g. a value "error") out of every diagnostic.
-    register_env_secrets({name: out[name] for name in (*passthrough, *(env or {})) if name in out})
+    # Configured values of 8 characters or more are secrets whatever their names; passed-through
+    # ones only under secret-looking names (registering every path would redact it everywhere).
+    register_env_secrets({name: parent[name] for name in passthrough if name in parent}, from_config=False)
+    register_env_secrets(dict(env or {}))
     for name in ENV_NEVER:
         out.pop(name, None)
     return out

@@ -106,7 +106,7 @@ class ProfileRun:
             reply = error.message
             body = "\n".join(self._body)
             if error.code == "PROFILE_EXIT" and body:
-                reply += f"\n--- stdout ---\n{body}"
+                reply += f"\n--- stdout ---\n{redact(body)}"  # part of the error, not the answer: redacted like stderr
             streamed = "".join(self._streamed)
             self._emit(("" if not streamed or streamed.endswith("\n") else "\n") + reply)
         return self._with_session(TurnOutcome("failed", error=error))

@@ -28,7 +28,7 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
                      (and sends a config_option_update before answering it, as agents do)
     loadsession      advertises loadSession; sessions live in --state so a new process can
                      load (and replay) them
-    leak-key         on the prompt: writes $FAKE_API_KEY to stderr, padded so that the last
+    leak-key         on the prompt: writes $FAKE_API_KEY (or --leak-var) to stderr, padded so that the last
                      --leak-cut (default 4096) bytes start 6 characters into it, and exits 1
     leak-key-start   the same at start-up, before answering anything
     unknown-request  mid-turn sends a vendor notification, a `_vendor.example/drain` request and
@@ -84,6 +84,7 @@ class FakeAgent:
         self.state_path = args.state
         self.perm_kinds = args.perm_kinds.split(",")
         self.leak_cut = args.leak_cut
+        self.leak_var = args.leak_var
         self.lock = threading.Lock()
         self.authed = False
         self.sessions: dict[str, dict] = self._load_state()
@@ -197,7 +198,7 @@ class FakeAgent:
 
     def leak_key(self) -> None:
         """A key on stderr where a cut of the last --leak-cut bytes would split it; exit 1."""
-        key = os.environ["FAKE_API_KEY"]
+        key = os.environ[self.leak_var]
         cut = self.leak_cut
         self.stderr("boot: key " + key + "\n" + "p" * (cut - len(key) + 5))
         os._exit(1)
@@ -462,6 +463,7 @@ def main() -> None:
     parser.add_argument("--state", help="session store for loadsession")
     parser.add_argument("--perm-kinds", default="allow_once,allow_always,reject_once,reject_always")
     parser.add_argument("--leak-cut", type=int, default=4 * KIB, help="see mode leak-key")
+    parser.add_argument("--leak-var", default="FAKE_API_KEY", help="the variable mode leak-key writes")
     parser.add_argument("-m", dest="model", help="launch-time model (a client's modelFlag)")
     FakeAgent(parser.parse_args()).run()
 

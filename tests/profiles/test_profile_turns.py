@@ -382,18 +382,17 @@ async def test_cancel_of_a_turn_waiting_for_a_slot_ends_it_without_starting_it(
     assert len(pids_in(tmp_path / "pids")) == 1  # the waiting turn never started a process
 
 
-async def test_profile_env_cannot_hand_out_the_bridge_token_and_plain_values_stay_readable(
+async def test_profile_env_cannot_hand_out_the_bridge_token_and_configured_values_are_secrets(
     make_profile: ProfileFactory,
 ) -> None:
     from bridge.rpc.redact import redact
 
-    session = make_profile.modes(
-        "env", env={"BRIDGE_AUTH_TOKEN": "leak-attempt", "GREETING": "plainword"}
-    ).open_session("s1")
-    outcome, sink = await run_turn(session)
-    env = _body(sink)
-    assert "BRIDGE_AUTH_TOKEN" not in env and env["GREETING"] == "plainword"
-    assert redact("a plainword") == "a plainword"
+    env = {"BRIDGE_AUTH_TOKEN": "leak-attempt", "GREETING": "plain", "SETTING": "configured-value-42"}
+    outcome, sink = await run_turn(make_profile.modes("env", env=env).open_session("s1"))
+    seen = _body(sink)  # the agent's answer is the user's content: not altered
+    assert "BRIDGE_AUTH_TOKEN" not in seen and seen["GREETING"] == "plain" and seen["SETTING"] == "configured-value-42"
+    assert redact("a plain") == "a plain"  # under 8 characters: stays readable in diagnostics
+    assert redact("a configured-value-42") == "a [REDACTED]"  # whatever its variable's name
 
 
 # ---- what a new user's profile does ------------------------------------------------------------

@@ -36,7 +36,9 @@ def sleeper():
 
 if MODE == "env":  # the protocol environment, as the reply body
     names = sorted(
-        k for k in os.environ if k.startswith("AGENT_") or k in ("GREETING", "BRIDGE_AUTH_TOKEN", "SECRET_OF_PARENT")
+        k
+        for k in os.environ
+        if k.startswith("AGENT_") or k in ("GREETING", "SETTING", "BRIDGE_AUTH_TOKEN", "SECRET_OF_PARENT")
     )
     line(json.dumps({k: os.environ[k] for k in names} | {"argv": sys.argv[1:], "cwd": os.getcwd()}))
 elif MODE == "stdin":  # reads stdin to EOF first, like `codex exec` does
