@@ -24,6 +24,8 @@ import os
 import stat
 from typing import Any
 
+from orchestrator import files
+
 MAX_ARTIFACTS = 24  # the original bridge's bounds
 MAX_FILE_BYTES = 2 * 1024 * 1024
 SKIPPED = frozenset({"node_modules", "build", ".dart_tool", ".git", ".xworkmate"})
@@ -36,41 +38,47 @@ class TooManyFiles(Exception):
     """The working directory holds more files than the scan may read."""
 
 
-def listing(root: str, max_files: int) -> Listing:
-    """The regular files under ``root`` (links not followed, skipped folders left out).
+def listing(root: str, max_files: int, skip: str | None = None) -> Listing:
+    """The regular files under ``root`` (links not followed, skipped folders left out, and the
+    folder ``skip``: the remote workspaces, when ``root`` holds them).
 
     Raises:
-        TooManyFiles: more than ``max_files`` files.
+        TooManyFiles: more than ``max_files`` entries (files and folders both count, so a tree
+            of empty folders costs no more than one of files).
     """
     found: Listing = {}
-    stack = [""]
+    stack, seen = [""], 0
     while stack:
         rel = stack.pop()
+        where = os.path.join(root, rel) if rel else root
         try:
-            entries = list(os.scandir(os.path.join(root, rel) if rel else root))
+            entries = list(os.scandir(where))
         except OSError:
             continue
         for entry in entries:
+            seen += 1
+            if seen > max_files:
+                raise TooManyFiles
             path = f"{rel}/{entry.name}" if rel else entry.name
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISDIR(info.st_mode):
-                if entry.name not in SKIPPED and not entry.name.startswith("."):
+                if entry.name not in SKIPPED and not entry.name.startswith(".") and entry.path != skip:
                     stack.append(path)
             elif stat.S_ISREG(info.st_mode):
                 found[path] = (info.st_size, info.st_mtime_ns)
-                if len(found) > max_files:
-                    raise TooManyFiles
     return found
 
 
-def changed(root: str, before: Listing, max_files: int, max_result_bytes: int) -> tuple[list[dict[str, Any]], str]:
+def changed(
+    root: str, before: Listing, max_files: int, max_result_bytes: int, skip: str | None = None
+) -> tuple[list[dict[str, Any]], str]:
     """The artifacts of the files new or changed since ``before``, and why some are missing
     ("" when none is): at most :data:`MAX_ARTIFACTS`, newest first."""
     try:
-        after = listing(root, max_files)
+        after = listing(root, max_files, skip)
     except TooManyFiles:
         return [], f"more than {max_files} files in the working directory (maxArtifactScanFiles): no artifacts"
     fresh = sorted((p for p, v in after.items() if before.get(p) != v), key=lambda p: after[p][1], reverse=True)
@@ -97,12 +105,9 @@ def _artifact(root: str, rel: str, size: int, budget: int) -> tuple[dict[str, An
     encoded_size = 4 * -(-size // 3)
     if size > MAX_FILE_BYTES or encoded_size > budget:
         return artifact, 0
-    try:
-        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)
-    except OSError:
-        return None, 0  # gone or replaced by a link since the listing
+    data = files.read_beneath(root, rel, MAX_FILE_BYTES)  # never through a link, never a FIFO
+    if data is None:
+        return None, 0  # gone, or replaced by a link or a FIFO since the listing
     if len(data) > MAX_FILE_BYTES:
         return artifact, 0
     artifact.update(

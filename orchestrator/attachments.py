@@ -3,7 +3,7 @@ turn's working directory (docs/api.md "Attachments").
 
 For each ``attachments`` entry the app sends the file's path on *its* machine (or ``""``) and, in
 ``inlineAttachments``, the bytes (base64, possibly a data URL). An entry whose path is usable here
-(it resolves inside the workspace roots to a file) is used from that path and its inline copy is
+(it resolves inside the workspace roots to an existing file or folder) is used from that path and its inline copy is
 not written, so a local user's repository gets no extra files. Otherwise the inline copy with the
 same ``sourcePath`` (failing that, the same ``name``) is decoded, checked (``sizeBytes``,
 ``sha256``, the per-file and per-turn caps) and written to
@@ -11,8 +11,9 @@ same ``sourcePath`` (failing that, the same ``name``) is decoded, checked (``siz
 
 Writing never follows a symbolic link: each folder is opened relative to its parent's descriptor
 with ``O_NOFOLLOW`` and each file created with ``O_CREAT | O_EXCL | O_NOFOLLOW``, so everything
-written lies inside the working directory even when a component is a link planted there. The
-folder of a turn's copies is removed with its session (``Session.attachment_folders``).
+written lies inside the working directory even when a component is a link planted there
+(``orchestrator.files``). The folder of a turn's copies is removed with its session
+(``Session.attachment_folders``), again never through a link.
 
 Must not import: ``bridge`` (except ``bridge.rpc``).
 """
@@ -26,8 +27,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ import msgspec
 
 from bridge.rpc.errors import InvalidParams
 from compat.base import Attachment
+from orchestrator import files
 
 if TYPE_CHECKING:  # pydantic: the params models are imported on first use
     from orchestrator.models import AttachmentParam, InlineAttachmentParam
@@ -158,6 +158,8 @@ def safe_name(name: str, taken: set[str]) -> str:
     base = re.split(r"[/\\]", name)[-1]
     base = _UNSAFE.sub("_", base).strip().lstrip(".") or "attachment"
     stem, dot, suffix = base.rpartition(".") if "." in base else (base, "", "")
+    if len(suffix.encode()) > 32:  # not an extension: part of the name, cut with it
+        stem, dot, suffix = base, "", ""
     budget = NAME_BYTES - len((dot + suffix).encode()) - 4
     stem = stem.encode()[: max(budget, 16)].decode("utf-8", "ignore") or "attachment"
     candidate, n = f"{stem}{dot}{suffix}", 1
@@ -168,30 +170,26 @@ def safe_name(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def write(cwd: str, turn_id: str, copies: Sequence[InlineCopy], data: Sequence[bytes]) -> tuple[str, list[Attachment]]:
+def write(cwd: str, turn_id: str, copies: Sequence[InlineCopy], data: Sequence[bytes]) -> list[Attachment]:
     """Write ``copies`` (with their ``data``) into ``<cwd>/.xworkmate/attachments/<turn_id>/``
-    (blocking: run it in a worker thread); returns the folder and the attachments, in order.
+    (blocking: run it in a worker thread); returns the attachments, in order.
 
     Raises:
         InvalidParams: -32602 (``field: attachments``), a component of the folder is a symbolic
             link or not a folder, or the files cannot be written (the message says which).
     """
-    parts = (*FOLDER, turn_id)
-    fds: list[int] = []
+    folder = os.path.join(cwd, *FOLDER, turn_id)
     try:
-        fds.append(os.open(cwd, os.O_RDONLY | os.O_DIRECTORY))
-        for part in parts:
-            fds.append(_subfolder(fds[-1], part))
-        taken: set[str] = set()
-        out = []
-        folder = os.path.join(cwd, *parts)
-        for copy, content in zip(copies, data, strict=True):
-            name = safe_name(copy.name, taken)
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fds[-1])
-            with os.fdopen(fd, "wb") as file:
-                file.write(content)
-            out.append(Attachment(copy.name, os.path.join(folder, name), copy.description))
-        return folder, out
+        with files.folder_beneath(cwd, (*FOLDER, turn_id), create=True) as fd:
+            taken: set[str] = set()
+            out = []
+            for copy, content in zip(copies, data, strict=True):
+                name = safe_name(copy.name, taken)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                with os.fdopen(os.open(name, flags, 0o600, dir_fd=fd), "wb") as file:
+                    file.write(content)
+                out.append(Attachment(copy.name, os.path.join(folder, name), copy.description))
+            return out
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
             why = "a symbolic link or not a folder"
@@ -202,41 +200,13 @@ def write(cwd: str, turn_id: str, copies: Sequence[InlineCopy], data: Sequence[b
             f"cannot write inline attachments into {os.path.join(*FOLDER)} of the working directory: {why}",
             field="attachments",
         ) from None
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
-def _subfolder(parent: int, name: str) -> int:
-    """The folder ``name`` in ``parent`` (created, mode 0700, when absent), opened without
-    following a link."""
-    try:
-        os.mkdir(name, 0o700, dir_fd=parent)
-    except FileExistsError:
-        pass
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-    if not stat.S_ISDIR(os.fstat(fd).st_mode):  # O_DIRECTORY already says so; belt and braces
-        os.close(fd)
-        raise OSError(errno.ENOTDIR, "not a folder")
-    return fd
-
-
-def remove(folders: Sequence[str]) -> None:
-    """Remove the folders of written copies (blocking). ``shutil.rmtree`` works through
-    descriptors and never follows a link out of the folder; what cannot be removed is logged."""
-    for folder in folders:
+def remove(written: Sequence[tuple[str, str]]) -> None:
+    """Remove the folders of written copies, ``(working directory, turn id)`` each (blocking),
+    never through a link (``orchestrator.files.remove_beneath``); failures are logged."""
+    for cwd, turn_id in written:
         try:
-            if os.path.islink(folder):
-                continue  # replaced by a link since: not ours any more
-            shutil.rmtree(folder)
-        except FileNotFoundError:
-            continue
+            files.remove_beneath(cwd, (*FOLDER, turn_id))
         except OSError as exc:
-            log.warning("cannot remove attachment folder %s: %s", folder, exc)
-            continue
-        parent = os.path.dirname(folder)
-        try:
-            os.rmdir(parent)  # .xworkmate/attachments, once empty
-            os.rmdir(os.path.dirname(parent))  # .xworkmate, once empty
-        except OSError:
-            pass
+            log.warning("cannot remove the inline attachments of %s under %s: %s", turn_id, cwd, exc)

@@ -260,7 +260,7 @@ class Orchestrator:
             LimitReached: -32006, ``maxSessions`` sessions exist.
         """
         cwd = self.workspace.working_directory(params.working_directory, principal, params.session_id)
-        usable = self.workspace.usable_attachments(params.attachments)
+        usable = self.workspace.usable_attachments(params.attachments, principal, params.session_id)
         copies = attachments.match(params.attachments, params.inline_attachments, usable)
         resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider)
         thread_id = params.thread_id or params.session_id
@@ -281,14 +281,15 @@ class Orchestrator:
             turn_id=new_turn_id(),
             collect_artifacts=self.workspace.is_remote(cwd)
             or (params.return_artifacts and self.workspace.below_a_root(cwd)),
+            not_listed=str(self.workspace.remote_root) if self.workspace.remote_root else None,
         )
         turn = Turn(self, session, spec, notify)
         session.admit(turn, start=start)
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
-            if self.workspace.is_remote(cwd):
+            if self.workspace.is_remote(cwd):  # created here, for an admitted turn only
                 session.remote_workspace = True
-                await anyio.to_thread.run_sync(self.workspace.check_remote_size, cwd)
+                await anyio.to_thread.run_sync(self.workspace.prepare_remote, cwd)
             if copies:
                 spec.attachments = await self._write_inline(session, spec, params, usable, copies)
         except BaseException:
@@ -316,6 +317,7 @@ class Orchestrator:
                 turn.files_before,
                 limits.max_artifact_scan_files,
                 limits.max_artifact_result_bytes,
+                str(self.workspace.remote_root) if self.workspace.remote_root else None,
             )
         own = result.artifacts if isinstance(result.artifacts, list) else []
         omitted = note or msgspec.UNSET
@@ -341,7 +343,7 @@ class Orchestrator:
         ``maxTurnAttachmentBytes`` of base64 and hashing); the turn's attachments, in order."""
         inline, limits = params.inline_attachments, self.limits
 
-        def decode_and_write() -> tuple[str, list[Attachment]]:
+        def decode_and_write() -> list[Attachment]:
             data = attachments.decode_all(
                 copies,
                 inline,
@@ -350,8 +352,8 @@ class Orchestrator:
             )
             return attachments.write(spec.cwd, spec.turn_id, copies, data)
 
-        folder, written = await anyio.to_thread.run_sync(decode_and_write)
-        session.attachment_folders.append(folder)
+        session.attachment_folders.append((spec.cwd, spec.turn_id))  # removed with the session, even half-written
+        written = await anyio.to_thread.run_sync(decode_and_write)
         by_index = dict(usable)
         by_index.update((copy.index, item) for copy, item in zip(copies, written, strict=True))
         return tuple(by_index[i] for i in sorted(by_index))

@@ -91,6 +91,7 @@ class TurnInput:
         "collect_artifacts",
         "cwd",
         "extra",
+        "not_listed",
         "principal",
         "prompt",
         "resolution",
@@ -110,9 +111,11 @@ class TurnInput:
         extra: dict[str, Any],
         turn_id: str = "",
         collect_artifacts: bool = False,
+        not_listed: str | None = None,
     ) -> None:
         self.turn_id = turn_id or new_turn_id()  # also names the folder of its inline attachments
         self.collect_artifacts = collect_artifacts  # list cwd before the turn: its new files are artifacts
+        self.not_listed = not_listed  # a folder the listing skips (the remote workspaces)
         self.prompt = prompt
         self.cwd = cwd
         self.attachments = attachments
@@ -254,7 +257,9 @@ class Turn:
     async def _list_files(self) -> None:
         limit = self._limits.max_artifact_scan_files
         try:
-            self.files_before = await anyio.to_thread.run_sync(artifacts.listing, self._spec.cwd, limit)
+            self.files_before = await anyio.to_thread.run_sync(
+                artifacts.listing, self._spec.cwd, limit, self._spec.not_listed
+            )
         except artifacts.TooManyFiles:
             self.artifacts_omitted = (
                 f"more than {limit} files in the working directory (maxArtifactScanFiles): no artifacts"

@@ -55,6 +55,13 @@ class Workspace:
         for root in self.roots:
             if not root.is_dir():
                 log.warning("workspace root %s does not exist: turns cannot run there", root)
+        if self.remote and self.remote_root is not None and self.contains(self.remote_root):
+            log.warning(
+                "remote workspaces are under workspace root %s: the bridge keeps clients out of each "
+                "other's folders, but agents run as this user and can read them; set remoteWorkspaceRoot "
+                "outside workspaceRoots (or run one bridge per user) for isolation",
+                next(r for r in self.roots if _within(self.remote_root, r)),
+            )
 
     def working_directory(self, requested: str | None, principal: str = "local", session_id: str = "") -> str:
         """The resolved directory a turn runs in (default: the first root that exists).
@@ -88,10 +95,8 @@ class Workspace:
                     f"workingDirectory is not an existing directory: {requested}"[:_MAX_SHOWN], field="workingDirectory"
                 )
             return str(real)
-        if self.remote:
-            folder = self.remote_folder(principal, session_id)
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            return str(folder)
+        if self.remote:  # created once the turn is admitted (prepare_remote)
+            return str(self.remote_folder(principal, session_id))
         raise outside
 
     def remote_folder(self, principal: str, session_id: str) -> Path:
@@ -111,13 +116,15 @@ class Workspace:
         real = Path(path)
         return any(root in real.parents for root in self.roots)
 
-    def check_remote_size(self, path: str) -> None:
-        """Refuse a turn in a remote folder that holds ``remote_max_bytes`` or more (blocking: it
-        walks the folder, without following links, at most :data:`SIZE_WALK_ENTRIES` entries).
+    def prepare_remote(self, path: str) -> None:
+        """Create the remote folder ``path`` (mode 0700) when it does not exist, and refuse a turn
+        there once it holds ``remote_max_bytes`` or more (blocking: it walks the folder, without
+        following links, at most :data:`SIZE_WALK_ENTRIES` entries).
 
         Raises:
             LimitReached: -32006 with ``data.limit: "maxRemoteWorkspaceBytes"``.
         """
+        Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
         used = folder_bytes(Path(path), stop_at=self.remote_max_bytes)
         if used >= self.remote_max_bytes:
             raise LimitReached(
@@ -134,11 +141,14 @@ class Workspace:
         if folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder, ignore_errors=True)
 
-    def usable_attachments(self, items: Sequence[AttachmentParam]) -> dict[int, Attachment]:
+    def usable_attachments(
+        self, items: Sequence[AttachmentParam], principal: str = "local", session_id: str = ""
+    ) -> dict[int, Attachment]:
         """The entries whose path is usable on this host (it resolves, symlinks followed, to an
-        existing file or folder inside a root), by index; the others need an inline copy
-        (``orchestrator.attachments``)."""
+        existing file or folder inside a root, and not into another principal's or session's
+        remote folder), by index; the others need an inline copy (``orchestrator.attachments``)."""
         out = {}
+        own = self.remote_folder(principal, session_id) if self.remote_root is not None else None
         for index, item in enumerate(items):
             if not item.path:
                 continue
@@ -146,8 +156,12 @@ class Workspace:
                 real = Path(os.path.expanduser(item.path)).resolve()
             except (ValueError, OSError):
                 continue  # NUL bytes, over-long: not usable here
-            if self.contains(real) and real.exists():
-                out[index] = Attachment(item.name or real.name, str(real), item.description)
+            if self.remote_root is not None and _within(real, self.remote_root):
+                if own is None or not _within(real, own) or not real.exists():
+                    continue
+            elif not self.contains(real) or not real.exists():
+                continue
+            out[index] = Attachment(item.name or real.name, str(real), item.description)
         return out
 
     def contains(self, path: Path) -> bool:
