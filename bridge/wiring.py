@@ -85,7 +85,7 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge)
     for profile_id, profile in config.profiles.items():
         adapters[profile_id] = ProfileAdapter(
-            profile_id, profile, config.limits, config.timeouts, profile_dir=config.profile_dir
+            profile_id, profile, config.limits, config.timeouts, profile_dir=config.profile_dir, roots=config.roots()
         )
         enabled.add(profile_id)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)

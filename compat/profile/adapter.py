@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,14 @@ from bridge.rpc.codec import scrub
 from bridge.rpc.redact import register_env_secrets
 from compat.base import ProbeResult, ProviderInfo, TurnError, TurnOutcome, TurnRequest, TurnSink
 from compat.process.env import ENV_NEVER, child_env
-from compat.profile.protocol import ClaudeStreamParser, ExecLineParser, fill_placeholders, protocol_env
+from compat.profile.protocol import (
+    CLIENT_PLACEHOLDERS,
+    ClaudeStreamParser,
+    ExecLineParser,
+    fill_placeholders,
+    placeholders,
+    protocol_env,
+)
 from compat.profile.run import Launch, ProfileRun
 from compat.profile.settings import ProfileConfig, ProfileConfigError, resolve_runtime
 from compat.settings import Limits, Timeouts
@@ -60,6 +69,7 @@ class ProfileAdapter:
         *,
         profile_dir: str | os.PathLike[str],
         config_path: str | None = None,
+        roots: Sequence[Path] = (),
     ) -> None:
         self.info = ProviderInfo(provider_id=provider_id, label=profile.label or provider_id, category="profile")
         self.profile = profile
@@ -67,6 +77,7 @@ class ProfileAdapter:
         self.timeouts = timeouts
         self.profile_dir = Path(profile_dir).resolve()
         self.where = config_path or f"profiles.{provider_id}"
+        self.roots = [Path(r).resolve() for r in roots]  # a cwd made from client input stays inside
         self.slots = anyio.CapacityLimiter(profile.max_concurrent)
         self._sessions: set[ProfileSession] = set()
         register_env_secrets(profile.env)
@@ -113,6 +124,8 @@ class ProfileAdapter:
         """
         profile = self.profile
         prefix = resolve_runtime(profile, self.profile_dir, where=self.where)
+        if _CONTROL.search(request.thread_id or ""):
+            raise ProfileConfigError("threadId: control characters cannot go into a profile's {{SESSION_NAME}}")
         values = {
             "MESSAGE": scrub(request.text_prompt()),
             "SESSION_ID": upstream_session_id or "",
@@ -150,12 +163,32 @@ class ProfileAdapter:
         )
 
     def _cwd(self, request: TurnRequest, values: dict[str, str]) -> str:
-        if not self.profile.cwd:
+        """The run's directory: the turn's, or the profile's ``cwd``. One made from client input
+        (``{{MESSAGE}}``, ``{{SESSION_ID}}``, ``{{SESSION_NAME}}``) must resolve inside the
+        workspace roots, as a ``workingDirectory`` must.
+
+        Raises:
+            ProfileConfigError: it does not (the turn fails ``PROFILE_ERROR``).
+        """
+        template = self.profile.cwd
+        if not template:
             return request.working_directory
-        path = Path(os.path.expanduser(fill_placeholders(self.profile.cwd, values)))
-        return str(path if path.is_absolute() else self.profile_dir / path)
+        path = Path(os.path.expanduser(fill_placeholders(template, values)))
+        path = path if path.is_absolute() else self.profile_dir / path
+        if set(placeholders(template)) & CLIENT_PLACEHOLDERS:
+            try:
+                real = path.resolve()
+            except (OSError, ValueError, RuntimeError):
+                real = None
+            if real is None or not any(real == root or root in real.parents for root in self.roots):
+                raise ProfileConfigError(
+                    f"{self.where}.cwd: made from the request, it resolves outside the workspace roots"
+                )
+            return str(real)
+        return str(path)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 LINE_BUFFERED_ENV = {"PYTHONUNBUFFERED": "1"}
 """Set for every profile run unless its ``env`` says otherwise: a Python profile's ``print`` to a
 pipe is block-buffered, so without it every ``AGENT_PARTIAL:`` of a turn arrived at once when the

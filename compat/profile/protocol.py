@@ -135,6 +135,26 @@ def protocol_env(
     return env, truncated
 
 
+CLIENT_PLACEHOLDERS = frozenset({"MESSAGE", "SESSION_ID", "SESSION_NAME"})
+"""Placeholders whose values come from the request (``PROFILE_DIR`` is the operator's)."""
+SESSION_ID_BYTES = 256
+_UNSAFE_ID = re.compile(r"[\x00-\x1f\x7f/\\]|\.\.")
+
+
+def placeholders(template: str) -> list[str]:
+    """The placeholder names ``template`` uses."""
+    return _PLACEHOLDER.findall(template)
+
+
+def safe_session_id(value: str) -> bool:
+    """Whether an ``AGENT_SESSION`` id a profile reported may be stored and handed back (it goes
+    into ``{{SESSION_ID}}``, maybe a path or an argument): no path separator, no ``..``, no
+    control character, at most :data:`SESSION_ID_BYTES` bytes."""
+    return (
+        bool(value) and len(value.encode("utf-8", "surrogatepass")) <= SESSION_ID_BYTES and not _UNSAFE_ID.search(value)
+    )
+
+
 def fill_placeholders(template: str, values: dict[str, str]) -> str:
     """Replace ``{{MESSAGE}}``, ``{{SESSION_ID}}``, ``{{SESSION_NAME}}``, ``{{PROFILE_DIR}}`` in one
     pass (a message that contains ``{{SESSION_ID}}`` stays as it is); NULs are dropped."""

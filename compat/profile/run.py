@@ -50,6 +50,7 @@ from compat.profile.protocol import (
     Partial,
     ProfileFailed,
     SessionReport,
+    safe_session_id,
 )
 from compat.settings import Limits
 
@@ -182,7 +183,15 @@ class ProfileRun:
         elif isinstance(event, Body):
             self._add_body(event)
         elif isinstance(event, SessionReport):
-            self.session_id = event.session_id
+            if safe_session_id(event.session_id):
+                self.session_id = event.session_id
+            else:
+                logger.warning(
+                    "profile %s reported an unsafe AGENT_SESSION id (%d chars; a path separator, '..', a "
+                    "control character or too long): not reused",
+                    launch.name,
+                    len(event.session_id),
+                )
         elif isinstance(event, ProfileFailed):
             if self._failure is None:
                 self._failure = event.message
