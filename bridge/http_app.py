@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 import bridge
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.config import BridgeConfig
+from bridge.connections import ConnectionGuard, connection_guard
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc import codec
 from bridge.rpc.codec import Frame, parse_frame
@@ -78,13 +79,15 @@ def create_app(
     """
     auth = Authenticator.from_config(config, bind_host=bind_host)
     origins = OriginPolicy(config.allowed_origins)
-    rpc = RpcEndpoint(dispatcher, auth, origins, config)
+    connections = connection_guard(config)
+    rpc = RpcEndpoint(dispatcher, auth, origins, config, connections)
     ws = AcpWebSocket(
         dispatcher,
         auth,
         origins,
         queue_size=config.limits.max_connection_queue,
         queue_bytes=config.limits.max_connection_queue_bytes,
+        connections=connections,
     )
     routes = [
         Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours); hottest first
@@ -92,11 +95,11 @@ def create_app(
         Route("/", banner, methods=["GET"]),
     ]
     if mcp_app is not None:
-        routes.append(Route("/mcp", Guarded(mcp_app, auth, origins), methods=["GET", "POST", "DELETE"]))
+        routes.append(Route("/mcp", Guarded(mcp_app, auth, origins, connections), methods=["GET", "POST", "DELETE"]))
     handlers = {404: _http_error, 405: _http_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=rpc.lifespan(lifespan))
     app.router.redirect_slashes = False  # "/acp/rpc/" is 404 like any other path, not a redirect
-    return BridgeApp(app, ws)
+    return BridgeApp(app, ws, connections)
 
 
 class BridgeApp:
@@ -111,10 +114,13 @@ class BridgeApp:
 
     Attributes:
         starlette: the Starlette app behind it.
+        connections: the limits met before the app (``bridge.connections``); ``bridge.server``
+            gives uvicorn its protocol classes.
     """
 
-    def __init__(self, starlette: Starlette, acp: AcpWebSocket) -> None:
+    def __init__(self, starlette: Starlette, acp: AcpWebSocket, connections: ConnectionGuard) -> None:
         self.starlette = starlette
+        self.connections = connections
         self._acp = acp
 
     @property
@@ -221,8 +227,14 @@ class RpcEndpoint:
     """``/acp/rpc`` for every method; also owns the task group for id-less requests."""
 
     def __init__(
-        self, dispatcher: Dispatcher, auth: Authenticator, origins: OriginPolicy, config: BridgeConfig
+        self,
+        dispatcher: Dispatcher,
+        auth: Authenticator,
+        origins: OriginPolicy,
+        config: BridgeConfig,
+        connections: ConnectionGuard,
     ) -> None:
+        self._connections = connections
         self._dispatcher = dispatcher
         self._auth = auth
         self._origins = origins
@@ -271,6 +283,7 @@ class RpcEndpoint:
         except Unauthorized as exc:
             # Connection: close, so uvicorn does not read (and discard) the rest of the body
             return rejection(401, exc, {**headers, "WWW-Authenticate": "Bearer", "Connection": "close"})
+        self._connections.authenticated(request.scope.get("client"))
         body = await self._read(request.receive, request.headers.get("content-length", ""), headers)
         if isinstance(body, Response):
             return body
@@ -292,6 +305,7 @@ class RpcEndpoint:
                 keepalive=self._keepalive,
                 queue_size=self._queue_size,
                 queue_bytes=self._queue_bytes,
+                connections=self._connections,
             )
         return await self._json(frame, ctx, headers)
 
@@ -331,8 +345,8 @@ class RpcEndpoint:
 class Guarded:
     """Wraps an ASGI app with the bridge's origin (403, -32003) and token (401, -32001) checks."""
 
-    def __init__(self, app: Any, auth: Authenticator, origins: OriginPolicy) -> None:
-        self._app, self._auth, self._origins = app, auth, origins
+    def __init__(self, app: Any, auth: Authenticator, origins: OriginPolicy, connections: ConnectionGuard) -> None:
+        self._app, self._auth, self._origins, self._connections = app, auth, origins, connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -345,6 +359,7 @@ class Guarded:
             except Unauthorized as exc:
                 response = rejection(401, exc, {"WWW-Authenticate": "Bearer"})
             else:
+                self._connections.authenticated(scope.get("client"))
                 await self._app(scope, receive, send)
                 return
         await response(scope, receive, send)

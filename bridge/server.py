@@ -21,6 +21,7 @@ import signal
 import socket
 import threading
 from collections.abc import Generator, Sequence
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp
 from bridge import __version__
 from bridge.auth import check_exposure
 from bridge.config import BridgeConfig
+from bridge.connections import ConnectionGuard, connection_guard, raise_open_files_limit
 
 GRACEFUL_SHUTDOWN_TIMEOUT = 10
 """Seconds uvicorn waits for open requests and sockets on shutdown before cancelling them."""
@@ -97,16 +99,22 @@ _DENIAL_FILTER = _DeniedUpgradeIsNotAnError()
 
 
 def uvicorn_config(config: BridgeConfig, app: ASGIApp) -> uvicorn.Config:
-    """The uvicorn settings for ``config``: host/port, frame limit and pings, lifespan on."""
+    """The uvicorn settings for ``config``: host/port, frame limit and pings, lifespan on, and the
+    protocol classes of ``bridge.connections`` (the app's :class:`ConnectionGuard`, or a new one
+    for another app)."""
     error_log = logging.getLogger("uvicorn.error")
     if _DENIAL_FILTER not in error_log.filters:
         error_log.addFilter(_DENIAL_FILTER)
+    guard = getattr(app, "connections", None)
+    if not isinstance(guard, ConnectionGuard):
+        guard = connection_guard(config)
+    http, ws = guard.protocols()
     return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
-        http="httptools",
-        ws="websockets-sansio",
+        http=http,
+        ws=ws,
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         lifespan="on",
         ws_max_size=config.limits.max_message_bytes,
@@ -147,6 +155,22 @@ class BridgeServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _log_connection_limits(app: Any) -> None:
+    guard = getattr(app, "connections", None)
+    if isinstance(guard, ConnectionGuard):
+        files = raise_open_files_limit()
+        log.info(
+            "connection limits: maxConnections %d, maxUnauthenticatedConnections %d, headerTimeout %g s; "
+            "open files limit %d",
+            guard.max_connections,
+            guard.max_unauthenticated,
+            guard.header_timeout,
+            files,
+        )
+        if files < guard.max_connections + 256:
+            log.warning("the open files limit (%d) is below maxConnections + 256: raise it (ulimit -n)", files)
+
+
 async def serve(config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.socket] | None = None) -> None:
     """Serve ``app`` until SIGTERM/SIGINT (or ``should_exit``), in the running event loop.
 
@@ -161,6 +185,7 @@ async def serve(config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.
     """
     check_exposure(config)
     sockets = list(sockets) if sockets else listen(config.host, config.port)
+    _log_connection_limits(app)
     await BridgeServer(uvicorn_config(config, app)).serve(sockets=sockets)
 
 
@@ -173,4 +198,5 @@ def run(config: BridgeConfig, app: ASGIApp, *, sockets: Sequence[socket.socket] 
     """
     check_exposure(config)
     sockets = list(sockets) if sockets else listen(config.host, config.port)
+    _log_connection_limits(app)
     BridgeServer(uvicorn_config(config, app)).run(sockets=sockets)

@@ -13,6 +13,7 @@ import anyio
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
+from bridge.connections import ConnectionGuard
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Frame
@@ -21,6 +22,7 @@ from bridge.rpc.stream import EnvelopeStream
 log = logging.getLogger(__name__)
 
 
+DROP_ABORT_AFTER = 5.0  # seconds after a slow client is dropped until its socket is aborted
 CACHE_CONTROL = "no-cache, no-transform"
 """Proxies and CDNs that transform responses (compression, buffering) hold an event stream back
 unless told ``no-transform``; sse-starlette's own ``no-store`` does not say it. sse-starlette also
@@ -46,7 +48,10 @@ class SseReply(EventSourceResponse):
         keepalive: float,
         queue_size: int,
         queue_bytes: int = 16 * 1024 * 1024,
+        connections: ConnectionGuard | None = None,
     ) -> None:
+        self._connections = connections
+        self._client: object = None
         self._dispatcher, self._frame = dispatcher, frame
         self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._offer)
@@ -56,6 +61,7 @@ class SseReply(EventSourceResponse):
         super().__init__(_events(self._outbox), headers=headers, ping=keepalive, sep="\n")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._client = scope.get("client")
         async with anyio.create_task_group() as tg:
             self._rpc_scope = tg.cancel_scope
             tg.start_soon(self._produce)
@@ -74,6 +80,8 @@ class SseReply(EventSourceResponse):
             self._outbox.close()  # later envelopes are ignored: one warning, not one per envelope
             if self._rpc_scope is not None:
                 self._rpc_scope.cancel()
+            if self._connections is not None:  # its unread bytes would hold the socket: abort it
+                self._connections.abort_later(self._client, DROP_ABORT_AFTER)
 
 
 async def _events(outbox: Outbox) -> AsyncIterator[bytes]:

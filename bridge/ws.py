@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -24,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bridge.auth import Authenticator, OriginPolicy, rejection
+from bridge.connections import ConnectionGuard
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 1.0
 """Seconds to wait for the close frame to go out to a client that may have stopped reading."""
+DROP_ABORT_AFTER = 5.0
+"""Seconds after a slow client is dropped until its socket is aborted if still open."""
 CLOSE_OVERFLOW = 1013  # "try again later": the client did not read fast enough (RFC 6455 §7.4)
 
 # Sending after a close raises this RuntimeError subclass, not WebSocketDisconnect (field-failures
@@ -54,6 +58,8 @@ class AcpWebSocket:
         auth: token check; the principal goes into every request's ``CallContext``.
         origins: the ``Origin`` allowlist, checked before the token.
         queue_size: outbound envelopes buffered per connection (``limits.max_connection_queue``).
+        connections: told of each valid token, and asked to abort a dropped client's socket
+            :data:`DROP_ABORT_AFTER` seconds later (``bridge.connections``).
     """
 
     def __init__(
@@ -64,12 +70,14 @@ class AcpWebSocket:
         *,
         queue_size: int,
         queue_bytes: int = 16 * 1024 * 1024,
+        connections: ConnectionGuard | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._auth = auth
         self._origins = origins
         self._queue_size = queue_size
         self._queue_bytes = queue_bytes
+        self._connections = connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.serve(WebSocket(scope, receive, send), receive, send)
@@ -88,6 +96,10 @@ class AcpWebSocket:
         except Unauthorized as exc:
             await _deny(websocket, 401, exc, {"WWW-Authenticate": "Bearer"})
             return
+        client = websocket.scope.get("client")
+        guard = self._connections
+        if guard is not None:
+            guard.authenticated(client)
         await websocket.accept(subprotocol=subprotocol)
         connection = Connection(
             websocket,
@@ -97,6 +109,7 @@ class AcpWebSocket:
             queue_bytes=self._queue_bytes,
             receive=receive,
             send=send,
+            on_drop=(lambda: guard.abort_later(client, DROP_ABORT_AFTER)) if guard is not None else None,
         )
         await connection.run()
 
@@ -124,6 +137,7 @@ class Connection:
             the WebSocket's own). Starlette's wrappers re-check the connection's state on every
             frame and pass each send through its exception handling: bench case 4 relays 5,000
             updates a second, and those wrappers were a fifth of the bridge's time per update.
+        on_drop: called when the client is dropped for not reading.
     """
 
     def __init__(
@@ -136,7 +150,9 @@ class Connection:
         queue_bytes: int = 16 * 1024 * 1024,
         receive: Receive | None = None,
         send: Send | None = None,
+        on_drop: Callable[[], None] | None = None,
     ) -> None:
+        self._on_drop = on_drop
         self._ws = websocket
         self._receive = receive or websocket.receive
         self._send = send or websocket.send
@@ -186,6 +202,8 @@ class Connection:
             self._close_code = CLOSE_OVERFLOW
             self._outbox.close()
             self._scope.cancel()
+            if self._on_drop is not None:  # the close frame may never leave: the socket is aborted
+                self._on_drop()
 
     async def _close(self, code: int) -> None:
         # The client is not reading, so the close frame may never leave: bounded, and shielded

@@ -482,6 +482,7 @@ class Timeouts(Settings, frozen=True):
     probe_interval: Seconds = 15.0
     session_idle_timeout: Seconds = 3600.0  # an idle session is forgotten after this
     progress_interval: Seconds = 10.0  # silence in a turn before a "waiting" status update
+    header_timeout: Seconds = 10.0  # a connection's request headers must be complete by then
 
 
 class Limits(Settings, frozen=True):
@@ -502,6 +503,8 @@ class Limits(Settings, frozen=True):
     max_sessions: Count = 10_000  # bridge-wide
     max_sessions_per_token: Count = 1000  # per principal; its own LRU idle session makes room
     max_running_turns: Count = 128  # turns running at once bridge-wide; more wait
+    max_connections: Count = 4096  # open TCP connections; more: 503 (-32006) at once
+    max_unauthenticated_connections: Count = 256  # with tokens: connections without a valid one yet
     max_batch_size: Count = 100  # elements of one JSON-RPC batch; more: one -32006 error
     max_batch_reply_bytes: Count = 32 * MiB  # a batch's replies together; more: one -32006 error instead
     max_connection_queue: Count = 65536  # outbound envelopes buffered per connection
