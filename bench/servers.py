@@ -68,6 +68,8 @@ def _limits(extra: dict[str, Any]) -> dict[str, Any]:
     fields = getattr(Limits, "__struct_fields__", None) or getattr(Limits, "model_fields", ())  # msgspec or pydantic
     if "max_running_turns" in fields:
         limits.setdefault("maxRunningTurns", RUNNING_TURNS)
+    if "max_live_agents" in fields:  # case 4's 100 agents, alive at once
+        limits.setdefault("maxLiveAgents", RUNNING_TURNS)
     return limits
 
 

@@ -17,6 +17,7 @@ from bridge.config import BridgeConfig, ConfigError, provider_problems
 from bridge.logs import keep_recent
 from bridge.methods import METHOD_NAMES
 from bridge.rpc.redact import register_secret
+from compat.acp.capacity import AgentCapacity
 from compat.base import ProviderAdapter
 from compat.knowledge.service import KnowledgeService
 from compat.process.descendants import reap_orphans_forever
@@ -46,12 +47,19 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
 
 
 def build_adapter(
-    provider_id: str, entry: ProviderConfig, config: BridgeConfig, knowledge: KnowledgeService
+    provider_id: str,
+    entry: ProviderConfig,
+    config: BridgeConfig,
+    knowledge: KnowledgeService,
+    capacity: AgentCapacity | None = None,
 ) -> ProviderAdapter:
+    """The adapter of one ``providers`` entry; ACP agents share ``capacity`` (``maxLiveAgents``)."""
     if entry.type == "acp":
         from compat.acp.adapter import AcpAdapter
 
-        return AcpAdapter(provider_id, entry, config.limits, config.timeouts, client_version=__version__)
+        return AcpAdapter(
+            provider_id, entry, config.limits, config.timeouts, client_version=__version__, capacity=capacity
+        )
     if entry.type == "knowledge":
         from compat.knowledge.adapter import KnowledgeAdapter
 
@@ -81,8 +89,9 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     knowledge = build_knowledge(config)
     entries, enabled = provider_configs(config)
     adapters: dict[str, ProviderAdapter] = {}
+    capacity = AgentCapacity(config.limits.max_live_agents, config.timeouts.agent_capacity_timeout)
     for provider_id, entry in entries.items():
-        adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge)
+        adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge, capacity)
     for profile_id, profile in config.profiles.items():
         adapters[profile_id] = ProfileAdapter(
             profile_id, profile, config.limits, config.timeouts, profile_dir=config.profile_dir, roots=config.roots()

@@ -91,6 +91,14 @@ class SessionStateEvent(msgspec.Struct, frozen=True):
     data: dict[str, Any] | None = None
 
 
+class WaitingEvent(msgspec.Struct, frozen=True):
+    """The provider waits for something before it can start (``reason``: ``capacity``, a free
+    agent slot); an empty ``reason`` ends the wait. The orchestrator reports it in ``waiting``
+    status updates."""
+
+    reason: str
+
+
 TurnEvent = (
     TextDelta
     | ThoughtDelta
@@ -100,6 +108,7 @@ TurnEvent = (
     | PermissionEvent
     | StatusEvent
     | SessionStateEvent
+    | WaitingEvent
 )
 
 

@@ -483,6 +483,7 @@ class Timeouts(Settings, frozen=True):
     session_idle_timeout: Seconds = 3600.0  # an idle session is forgotten after this
     progress_interval: Seconds = 10.0  # silence in a turn before a "waiting" status update
     header_timeout: Seconds = 10.0  # a connection's request headers must be complete by then
+    agent_capacity_timeout: Seconds = 30.0  # a turn waits this long for one of maxLiveAgents
 
 
 class Limits(Settings, frozen=True):
@@ -502,6 +503,7 @@ class Limits(Settings, frozen=True):
     max_queued_turns: Annotated[int, msgspec.Meta(ge=0)] = 16
     max_sessions: Count = 10_000  # bridge-wide
     max_sessions_per_token: Count = 1000  # per principal; its own LRU idle session makes room
+    max_live_agents: Count = 32  # agent processes alive at once, every ACP provider together
     max_running_turns: Count = 128  # turns running at once bridge-wide; more wait
     max_connections: Count = 4096  # open TCP connections; more: 503 (-32006) at once
     max_unauthenticated_connections: Count = 256  # with tokens: connections without a valid one yet

@@ -40,6 +40,7 @@ from compat.base import (
     TurnEvent,
     TurnOutcome,
     TurnRequest,
+    WaitingEvent,
 )
 from compat.settings import Limits, Timeouts
 from orchestrator import artifacts, updates
@@ -157,6 +158,7 @@ class Turn:
         self._history_index: int | None = None  # where this turn's answer sits in the session's history
         self._quiet_since = 0.0  # anyio time of the last update published (or of the wait's start)
         self._waiting_for_slot = False  # waiting for one of maxRunningTurns
+        self._provider_wait: str | None = None  # what the provider said it waits for (WaitingEvent)
         self.files_before: artifacts.Listing | None = None  # cwd before the provider ran (collect_artifacts)
         self.artifacts_omitted = ""  # why the files were not listed
 
@@ -335,7 +337,7 @@ class Turn:
     def _wait_reason(self) -> str | None:
         state = self.machine.state
         if state is TurnState.STARTING:
-            return "capacity" if self._waiting_for_slot else "starting"
+            return "capacity" if self._waiting_for_slot else (self._provider_wait or "starting")
         if state is TurnState.RUNNING:
             return "permission" if self._session.permissions else "output"
         return None  # stopping or finishing: the end is bounded and near
@@ -459,6 +461,11 @@ class Turn:
             self._quiet_since = anyio.current_time()  # a new wait: for the agent's output
 
     def emit(self, event: TurnEvent) -> None:
+        if isinstance(event, WaitingEvent):
+            self._provider_wait = event.reason or None
+            if event.reason:  # said at once, then every progressInterval the wait lasts
+                self.publish(updates.waiting(event.reason, 0), quiet=True)
+            return
         if isinstance(event, TextDelta):
             self._text(event.text)
         elif isinstance(event, SessionStateEvent):

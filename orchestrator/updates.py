@@ -60,7 +60,7 @@ def done(status: str, message: str, error_code: str | None) -> dict[str, Any]:
 
 
 WAIT_TEXT = {
-    "capacity": "waiting for a free turn slot (maxRunningTurns)",
+    "capacity": "waiting for capacity: a free turn slot (maxRunningTurns) or agent slot (maxLiveAgents)",
     "starting": "waiting for the agent to start",
     "output": "waiting for the agent's output",
     "permission": "waiting for a permission answer (session.permission)",

@@ -99,6 +99,7 @@ RPC_ERRORS: tuple[type[RpcError], ...] = (
 # Codes of turns that ran and failed (a *result* with success:false, error.code = one of these).
 TURN_ERROR_CODES: dict[str, str] = {
     "AGENT_EXITED": "The agent process exited or closed stdout during the turn.",
+    "AGENT_CAPACITY": "maxLiveAgents agent processes were busy for agentCapacityTimeout seconds.",
     "AGENT_START_TIMEOUT": "initialize or session/new did not answer within its timeout.",
     "AGENT_AUTH_REQUIRED": "The agent needs authentication and no usable authMethod is configured.",
     "AGENT_ERROR": "The agent answered the prompt with a JSON-RPC error.",

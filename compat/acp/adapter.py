@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 
 from bridge.rpc.redact import redact, register_env_secrets
+from compat.acp.capacity import AgentCapacity
 from compat.acp.connection import KILL_GRACE, AcpConnection
 from compat.acp.session import AcpSession
 from compat.base import ProbeResult, ProviderInfo
@@ -54,12 +55,15 @@ class AcpAdapter:
         timeouts: Timeouts,
         *,
         client_version: str = "",
+        capacity: AgentCapacity | None = None,
     ) -> None:
         label = config.label or provider_id
         self.info = ProviderInfo(provider_id=provider_id, label=label, category="acp")
         self.config = config
         self.limits = limits
         self.timeouts = timeouts
+        self.capacity = capacity or AgentCapacity(limits.max_live_agents, timeouts.agent_capacity_timeout)
+        """Shared by every ACP provider of a bridge (``bridge.wiring``): ``maxLiveAgents``."""
         self._client_version = client_version
         self._sessions: set[AcpSession] = set()
         self._probes: set[AcpConnection] = set()

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import anyio
 
 from bridge.rpc.redact import redact
+from compat.acp.capacity import AgentCapacity, NoAgentCapacity
 from compat.acp.connection import KILL_GRACE, AcpConnection
 from compat.acp.failures import TurnFailure, turn_failure
 from compat.acp.mapping import (
@@ -59,6 +60,7 @@ class AgentHost(Protocol):
     config: ProviderConfig
     limits: Limits
     timeouts: Timeouts
+    capacity: AgentCapacity
 
     async def start_connection(
         self,
@@ -113,6 +115,20 @@ class AcpSession:
         self._closed = False
         self._idle_since: float | None = None
         self._idle_wake: anyio.Event | None = None
+
+    @property
+    def idle(self) -> bool:
+        """No turn runs or waits on it (``AgentCapacity`` may end its agent to make room)."""
+        return self._turn is None and not self._lock.locked()
+
+    async def end_agent(self) -> None:
+        """End the agent to make room for another (``AgentCapacity``): only while still idle;
+        the next turn starts it again (``session/load`` when the agent supports it)."""
+        if not self.idle:
+            return
+        async with self._lock:
+            logger.debug("session %s: ending its idle agent to make room (maxLiveAgents)", self.session_id)
+            await self._drop_conn()
 
     @property
     def pid(self) -> int | None:
@@ -190,6 +206,10 @@ class AcpSession:
             data = {"command": exc.command, "reason": exc.reason}
             error = TurnError("AGENT_ERROR", redact(str(exc)), data)
             return self._outcome(turn, "failed", error=error, context_reset=context_reset)
+        except NoAgentCapacity as exc:
+            data = {"limit": "maxLiveAgents", "value": self._host.capacity.max_live}
+            error = TurnError("AGENT_CAPACITY", str(exc), data)
+            return self._outcome(turn, "failed", error=error, context_reset=context_reset)
         except PeerError as exc:
             failure = turn_failure(exc, phase, self._conn, self._limits.client_stderr_tail_bytes)
             return await self._failed(turn, failure, context_reset)
@@ -217,10 +237,16 @@ class AcpSession:
         if conn is not None:
             return conn
         launch_model = model if self._config.model_flag and model else None
-        with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
-            conn = self._conn = await self._host.start_connection(
-                cwd, launch_model, self._on_update, self._on_permission
-            )
+        assert self._turn is not None
+        await self._host.capacity.acquire(self, self._turn.sink)  # maxLiveAgents, bridge-wide
+        try:
+            with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
+                conn = self._conn = await self._host.start_connection(
+                    cwd, launch_model, self._on_update, self._on_permission
+                )
+        except BaseException:
+            self._host.capacity.release(self)
+            raise
         assert conn is not None  # a shielded scope is never cancelled: the spawn ran
         await conn.initialize()
         return conn
@@ -272,8 +298,11 @@ class AcpSession:
     async def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
         self._last = None  # an agent that is gone writes no late chunk: let its turn go
-        if conn is not None:
-            await conn.close(KILL_GRACE)
+        try:
+            if conn is not None:
+                await conn.close(KILL_GRACE)
+        finally:
+            self._host.capacity.release(self)
 
     # ---- agent → client ---------------------------------------------------------------------------
 
