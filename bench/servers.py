@@ -68,9 +68,20 @@ def _limits(extra: dict[str, Any]) -> dict[str, Any]:
     fields = getattr(Limits, "__struct_fields__", None) or getattr(Limits, "model_fields", ())  # msgspec or pydantic
     if "max_running_turns" in fields:
         limits.setdefault("maxRunningTurns", RUNNING_TURNS)
-    if "max_live_agents" in fields:  # case 4's 100 agents, alive at once
+    if "max_live_agents" in fields and _bridge_knows("max_live_agents"):  # case 4's 100 agents at once
         limits.setdefault("maxLiveAgents", RUNNING_TURNS)
     return limits
+
+
+def _bridge_knows(field: str) -> bool:
+    """Whether the bridge under test (``BENCH_BRIDGE_ROOT``, e.g. an older commit for an A/B run)
+    has the limit ``field``: an older one refuses a key it does not know."""
+    if not BRIDGE_ROOT:
+        return True
+    try:
+        return field in (Path(BRIDGE_ROOT) / "compat" / "settings.py").read_text(encoding="utf-8")
+    except OSError:
+        return True
 
 
 def bridge_config(workdir: Path, name: str, **extra: Any) -> Path:

@@ -107,6 +107,12 @@ async def test_a_dropped_slow_websocket_client_loses_its_socket_within_seconds()
         await stuck.send(ws_frame(json.dumps(request("test.stream", {"n": 200_000, "size": 4096}, 1))))
         with anyio.fail_after(WAIT):
             await handlers.event("stream-cancelled").wait()  # dropped
+        async with httpx.AsyncClient(timeout=WAIT) as side:  # another client is answered meanwhile
+            headers = {"Authorization": f"Bearer {RAW_WS_TOKEN}"}
+            echoed = await side.post(
+                f"http://127.0.0.1:{port}/acp/rpc", json=request("test.echo", {"k": 1}), headers=headers
+            )
+        assert echoed.json()["result"] == {"k": 1}
         with anyio.fail_after(WAIT):  # aborted 5 s after the drop, whatever it had queued
             while app.connections.open:
                 await anyio.sleep(0.1)  # polling the server's count: bounded by fail_after
