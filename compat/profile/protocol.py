@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = "0.1"
 ENV_MESSAGE_MAX_BYTES = 128 * 1024 - len("AGENT_MESSAGE=") - 1  # Linux MAX_ARG_STRLEN per "NAME=value\0"
-SESSION_ID_MAX_CHARS = 1024
 _PARTIAL, _SESSION, _ERROR = b"AGENT_PARTIAL:", b"AGENT_SESSION:", b"AGENT_ERROR:"
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
 _USAGE_NAMES = {
@@ -202,8 +201,12 @@ class ExecLineParser:
 
 def _session(value: str) -> list[ParsedEvent]:
     value = value.strip()
-    if not value or len(value) > SESSION_ID_MAX_CHARS or "\0" in value:
-        logger.warning("ignoring an invalid session id from a profile (%d chars)", len(value))
+    if not safe_session_id(value):
+        logger.warning(
+            "ignoring an unsafe AGENT_SESSION id from a profile (%d chars; empty, a path separator, '..', "
+            "a control character or too long): not reused",
+            len(value),
+        )
         return []
     return [SessionReport(value)]
 

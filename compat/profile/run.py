@@ -50,7 +50,6 @@ from compat.profile.protocol import (
     Partial,
     ProfileFailed,
     SessionReport,
-    safe_session_id,
 )
 from compat.settings import Limits
 
@@ -182,16 +181,8 @@ class ProfileRun:
                 self._streamed.append(self._emit(event.text))
         elif isinstance(event, Body):
             self._add_body(event)
-        elif isinstance(event, SessionReport):
-            if safe_session_id(event.session_id):
-                self.session_id = event.session_id
-            else:
-                logger.warning(
-                    "profile %s reported an unsafe AGENT_SESSION id (%d chars; a path separator, '..', a "
-                    "control character or too long): not reused",
-                    launch.name,
-                    len(event.session_id),
-                )
+        elif isinstance(event, SessionReport):  # a safe token (the parser checked it)
+            self.session_id = event.session_id
         elif isinstance(event, ProfileFailed):
             if self._failure is None:
                 self._failure = event.message
