@@ -11,8 +11,6 @@ fake ACP agent). ``availableExecutionTargets`` is ``["agent"]``: the scripts wan
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from starlette.testclient import TestClient
 from bridge.cli import build_app
 from bridge.config import BridgeConfig
 from compat.settings import convert
+from tests.orchestrator.test_attachments import inline
 from tests.test_app_integration import config_dict
 
 pytestmark = pytest.mark.timeout(90)
@@ -99,18 +98,6 @@ def read_sse(text: str, rid: str) -> AppCall:
         if "method" in event:
             notes.append(event)
     raise AssertionError("ACP_SSE_NO_RESULT: the stream ended without the response")
-
-
-def inline_file(name: str, data: bytes, source: str) -> dict[str, Any]:
-    """assistant_attachment_payloads.dart:61-88: plain base64, sha256 always set."""
-    return {
-        "name": name,
-        "mimeType": "text/plain",
-        "content": base64.b64encode(data).decode(),
-        "sizeBytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "sourcePath": source,
-    }
 
 
 def app_turn_params(key: str, cwd: Path, prompt: str, **extra: Any) -> dict[str, Any]:
@@ -206,7 +193,7 @@ def test_a_turn_with_an_inline_file_streams_and_ends_as_the_app_expects(client: 
         tmp_path,
         "Summarise notes.txt",
         attachments=[{"name": "notes.txt", "description": "text/plain", "path": source}],
-        inlineAttachments=[inline_file("notes.txt", b"hello\n", source)],
+        inlineAttachments=[inline("notes.txt", b"hello\n", sourcePath=source)],  # as the app builds one
     )
     call = app_post(client, "session.start", params, "1718000000000000-session.start-7")
     result, updates = call.result, call.updates(key)

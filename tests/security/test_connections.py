@@ -47,53 +47,53 @@ async def test_a_connection_without_complete_headers_is_closed_after_the_header_
     assert answers == [b""] * 10
 
 
+CAPS = {"jsonrpc": "2.0", "id": 1, "method": "acp.capabilities"}
+
+
+async def refused_while_held(port: int, held: int) -> tuple[bytes, int]:
+    """A client connects and is served; ``held`` connections then hold a slot each; what a new
+    connection gets back, and the status the first client's kept-alive connection still gets."""
+    url = f"http://127.0.0.1:{port}/acp/rpc"
+    async with httpx.AsyncClient(timeout=WAIT, limits=httpx.Limits(max_connections=1)) as valid:
+        assert (await valid.post(url, json=CAPS, headers=AUTH)).status_code == 200  # its connection is in
+        holders = [await half_request(port) for _ in range(held)]
+        refused = await anyio.connect_tcp("127.0.0.1", port)
+        await refused.send(b"GET /api/ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        with anyio.fail_after(WAIT):
+            answer = await read_all(refused)
+        again = await valid.post(url, json=CAPS, headers=AUTH)
+        for holder in holders:
+            await holder.aclose()
+    return answer, again.status_code
+
+
 async def test_past_max_connections_a_new_one_gets_503_while_a_client_already_in_is_served(tmp_path: Path) -> None:
     limits = {"maxConnections": 8, "maxUnauthenticatedConnections": 100}
     async with serve(tmp_path, limits=limits, timeouts={"headerTimeout": 30}) as port:
-        async with httpx.AsyncClient(timeout=WAIT, limits=httpx.Limits(max_connections=1)) as valid:
-            url = f"http://127.0.0.1:{port}/acp/rpc"
-            body = {"jsonrpc": "2.0", "id": 1, "method": "acp.capabilities"}
-            assert (await valid.post(url, json=body, headers=AUTH)).status_code == 200  # its connection is in
-            holders = [await half_request(port) for _ in range(7)]
-            refused = await anyio.connect_tcp("127.0.0.1", port)
-            await refused.send(b"GET /api/ping HTTP/1.1\r\nHost: x\r\n\r\n")
-            with anyio.fail_after(WAIT):
-                answer = await read_all(refused)
-            again = await valid.post(url, json=body, headers=AUTH)  # the kept-alive connection
-            for holder in holders:
-                await holder.aclose()
+        answer, again = await refused_while_held(port, 7)
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503")
     error = json.loads(payload)["error"]
     assert error["code"] == -32006 and error["data"]["limit"] == "maxConnections"
-    assert again.status_code == 200
+    assert again == 200
 
 
 async def test_connections_without_a_valid_token_are_capped_lower(tmp_path: Path) -> None:
     limits = {"maxConnections": 100, "maxUnauthenticatedConnections": 4}
     async with serve(tmp_path, limits=limits, timeouts={"headerTimeout": 30}) as port:
-        async with httpx.AsyncClient(timeout=WAIT, limits=httpx.Limits(max_connections=1)) as valid:
-            url = f"http://127.0.0.1:{port}/acp/rpc"
-            body = {"jsonrpc": "2.0", "id": 1, "method": "acp.capabilities"}
-            assert (await valid.post(url, json=body, headers=AUTH)).status_code == 200
-            holders = [await half_request(port) for _ in range(4)]
-            refused = await anyio.connect_tcp("127.0.0.1", port)
-            with anyio.fail_after(WAIT):
-                answer = await read_all(refused)
-            again = await valid.post(url, json=body, headers=AUTH)
-            for holder in holders:
-                await holder.aclose()
-            with anyio.fail_after(WAIT):  # once they are gone, new connections are taken again
-                while True:
-                    try:
-                        async with httpx.AsyncClient(timeout=WAIT) as fresh:
-                            if (await fresh.post(url, json=body, headers=AUTH)).status_code == 200:
-                                break
-                    except httpx.HTTPError:
-                        pass
-                    await anyio.sleep(0.05)  # polling the server's state: bounded by fail_after
+        answer, again = await refused_while_held(port, 4)
+        with anyio.fail_after(WAIT):  # once they are gone, new connections are taken again
+            while True:
+                try:
+                    async with httpx.AsyncClient(timeout=WAIT) as fresh:
+                        url = f"http://127.0.0.1:{port}/acp/rpc"
+                        if (await fresh.post(url, json=CAPS, headers=AUTH)).status_code == 200:
+                            break
+                except httpx.HTTPError:
+                    pass
+                await anyio.sleep(0.05)  # polling the server's state: bounded by fail_after
     assert b"maxUnauthenticatedConnections" in answer and answer.startswith(b"HTTP/1.1 503")
-    assert again.status_code == 200
+    assert again == 200
 
 
 async def test_a_dropped_slow_websocket_client_loses_its_socket_within_seconds() -> None:
