@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import socket
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from bridge.config import BridgeConfig
@@ -34,16 +34,6 @@ from bridge.rpc.errors import LimitReached
 
 log = logging.getLogger("xworkmate_bridge")
 Address = tuple[str, int]
-
-
-def peer_address(transport: asyncio.BaseTransport) -> Address | None:
-    """The peer's ``(host, port)``, as uvicorn puts it in the ASGI scope's ``client``."""
-    sock: socket.socket | None = transport.get_extra_info("socket")
-    try:
-        info = sock.getpeername() if sock is not None else transport.get_extra_info("peername")
-    except OSError:
-        return None
-    return (str(info[0]), int(info[1])) if isinstance(info, tuple | list) and len(info) >= 2 else None
 
 
 class ConnectionGuard:
@@ -97,7 +87,7 @@ class ConnectionGuard:
             transport.write(head.encode() + body)
             transport.close()
             return False
-        address = peer_address(transport)
+        address = get_remote_addr(transport)  # what uvicorn puts in the scope's "client"
         self._open[transport] = address
         if address is not None:
             self._by_address[address] = transport

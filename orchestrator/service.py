@@ -288,7 +288,6 @@ class Orchestrator:
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
             if self.workspace.is_remote(cwd):  # created here, for an admitted turn only
-                session.remote_workspace = True
                 await anyio.to_thread.run_sync(self.workspace.prepare_remote, cwd)
             if copies:
                 spec.attachments = await self._write_inline(session, spec, params, usable, copies)
@@ -447,8 +446,7 @@ class Orchestrator:
         with anyio.CancelScope(shield=True):
             if folders:
                 await anyio.to_thread.run_sync(attachments.remove, folders)
-            if remote and session.remote_workspace:
-                session.remote_workspace = False
+            if remote and self.workspace.remote_root is not None:  # its folder, if a turn ran there
                 await anyio.to_thread.run_sync(self.workspace.remove_remote, session.owner, session.session_id)
 
     async def _sweep_sessions(self) -> None:

@@ -132,7 +132,6 @@ class Session:
         self.provider_session: ProviderSession | None = None
         self.working_directory: str | None = None
         self.attachment_folders: list[tuple[str, str]] = []  # (cwd, turnId) of inline attachments written
-        self.remote_workspace = False  # a turn ran in its remote folder (removed with the session)
         self._history: deque[tuple[str, str]] = deque(maxlen=HISTORY_KEPT)
         self._amend: Callable[[deque[tuple[str, str]]], None] | None = None
         self.log = UpdateLog()

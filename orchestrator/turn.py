@@ -461,12 +461,7 @@ class Turn:
             self._quiet_since = anyio.current_time()  # a new wait: for the agent's output
 
     def emit(self, event: TurnEvent) -> None:
-        if isinstance(event, WaitingEvent):
-            self._provider_wait = event.reason or None
-            if event.reason:  # said at once, then every progressInterval the wait lasts
-                self.publish(updates.waiting(event.reason, 0), quiet=True)
-            return
-        if isinstance(event, TextDelta):
+        if isinstance(event, TextDelta):  # the hot one first: every streamed chunk
             self._text(event.text)
         elif isinstance(event, SessionStateEvent):
             self._state(event)
@@ -475,6 +470,10 @@ class Turn:
             self._thought_bytes += utf8_len(event.text)
             if self._thought_bytes <= self._limits.max_output_bytes:
                 self.publish(updates.from_event(event))
+        elif isinstance(event, WaitingEvent):
+            self._provider_wait = event.reason or None
+            if event.reason:  # said at once, then every progressInterval the wait lasts
+                self.publish(updates.waiting(event.reason, 0), quiet=True)
         else:
             self.publish(updates.from_event(event))
 

@@ -100,8 +100,5 @@ async def test_closing_never_deletes_through_a_planted_link(tmp_path: Path) -> N
         (victim / "attachments" / result.turn_id / "important.txt").write_text("keep me")
         shutil.rmtree(cwd / ".xworkmate")
         (cwd / ".xworkmate").symlink_to(victim)
-        orch.workspace.remote = False  # keep the remote folder: only the attachment removal is tried
-        for session in orch.sessions:
-            session.remote_workspace = False
-        await orch.close("s1", "alice")
+        await orch.close("s1", "alice")  # removes the attachments, then the remote folder: neither follows the link
     assert (victim / "attachments" / result.turn_id / "important.txt").read_text() == "keep me"
