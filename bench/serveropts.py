@@ -22,6 +22,7 @@ SERVER_OPTIONS: dict[str, Any] = {
     "timeout_graceful_shutdown": 10,
     "log_config": None,
     "access_log": False,
+    "proxy_headers": False,
 }
 SETTINGS = ("http", "ws", "loop")
 """The options a settings sweep varies (``--http``, ``--ws``, ``--loop`` of every bench server)."""

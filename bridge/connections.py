@@ -6,14 +6,15 @@ ASGI cannot see a connection before its request headers, nor end a TCP connectio
 does not read. So this lives at the server's protocol level, through uvicorn's documented
 extension point: ``uvicorn.Config(http=<protocol class>, ws=<protocol class>)``. The two classes
 here subclass uvicorn's httptools and websockets-sansio protocols and override only the
-``asyncio.Protocol`` methods and parser callbacks (``connection_made``, ``connection_lost``,
-``on_message_begin``, ``on_headers_complete``), always calling uvicorn's own first; they read no
-attribute of uvicorn's. The transports they see are asyncio's (``get_extra_info``, ``write``,
+``asyncio.Protocol`` methods ``connection_made`` and ``connection_lost``, calling uvicorn's own
+first; they read no attribute of uvicorn's. The header timer starts when a connection is made
+(and again when a kept-alive connection's request was answered) and stops when the app sees the
+request (:meth:`ConnectionGuard.request_started`): only what ASGI and asyncio expose. The transports they see are asyncio's (``get_extra_info``, ``write``,
 ``close``, ``abort``: public API).
 
 The app reaches the same :class:`ConnectionGuard` with the ASGI scope's ``client`` address (a TCP
 connection's peer address is unique while it is open): it reports a valid token
-(:meth:`ConnectionGuard.authenticated`) and asks for a dropped client's socket to be aborted
+(:meth:`ConnectionGuard.authenticated`), each request's start and end, and asks for a dropped client's socket to be aborted
 (:meth:`ConnectionGuard.abort_later`). Under a test client with no server, both do nothing.
 """
 
@@ -56,6 +57,7 @@ class ConnectionGuard:
         self._open: dict[asyncio.BaseTransport, Address | None] = {}
         self._by_address: dict[Address, asyncio.BaseTransport] = {}
         self._authenticated: set[asyncio.BaseTransport] = set()
+        self._timers: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}  # headers still awaited
         self.refused = 0
         """Connections refused for a cap so far (for the log and the tests)."""
 
@@ -91,13 +93,44 @@ class ConnectionGuard:
         self._open[transport] = address
         if address is not None:
             self._by_address[address] = transport
+        self._await_headers(transport)
         return True
 
     def release(self, transport: asyncio.BaseTransport) -> None:
         address = self._open.pop(transport, None)
         self._authenticated.discard(transport)
+        self._headers_came(transport)
         if address is not None and self._by_address.get(address) is transport:
             del self._by_address[address]
+
+    def request_started(self, client: Any) -> None:
+        """A request of ASGI ``client`` reached the app: its headers are complete."""
+        transport = self._find(client)
+        if transport is not None:
+            self._headers_came(transport)
+
+    def request_ended(self, client: Any) -> None:
+        """An HTTP request of ASGI ``client`` was answered: a kept-alive connection has
+        ``header_timeout`` seconds for the next request's headers."""
+        transport = self._find(client)
+        if transport is not None and not transport.is_closing():
+            self._await_headers(transport)
+
+    def _await_headers(self, transport: asyncio.BaseTransport) -> None:
+        self._headers_came(transport)
+        loop = asyncio.get_running_loop()
+        self._timers[transport] = loop.call_later(self.header_timeout, self._headers_too_slow, transport)
+
+    def _headers_came(self, transport: asyncio.BaseTransport) -> None:
+        timer = self._timers.pop(transport, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _headers_too_slow(self, transport: asyncio.BaseTransport) -> None:
+        self._timers.pop(transport, None)
+        if transport in self._open and not transport.is_closing():
+            log.debug("closing a connection that sent no complete request headers in %g s", self.header_timeout)
+            transport.abort()  # type: ignore[attr-defined]
 
     def authenticated(self, client: Any) -> None:
         """The connection of ASGI ``client`` (``scope["client"]``) presented a valid token."""
@@ -133,46 +166,19 @@ class ConnectionGuard:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with the connection caps and the header timeout."""
+    """uvicorn's httptools protocol, with the connection caps; the header timer runs in the guard
+    (the app reports each request's start and end)."""
 
     guard: ConnectionGuard
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._xwm_transport = transport
-        self._xwm_timer: asyncio.TimerHandle | None = None
-        self._xwm_upgraded = False
-        if self.guard.admit(transport):
-            self._xwm_start_timer()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._xwm_timer is None:  # the next request on a kept-alive connection
-            self._xwm_start_timer()
-
-    def on_headers_complete(self) -> None:
-        self._xwm_stop_timer()
-        super().on_headers_complete()
+        self.guard.admit(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self._xwm_stop_timer()
         self.guard.release(self._xwm_transport)
-
-    def _xwm_start_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._xwm_timer = loop.call_later(self.guard.header_timeout, self._xwm_headers_too_slow)
-
-    def _xwm_stop_timer(self) -> None:
-        if self._xwm_timer is not None:
-            self._xwm_timer.cancel()
-            self._xwm_timer = None
-
-    def _xwm_headers_too_slow(self) -> None:
-        self._xwm_timer = None
-        if not self._xwm_transport.is_closing():
-            log.debug("closing a connection that sent no complete request headers in %g s", self.guard.header_timeout)
-            self._xwm_transport.abort()
 
 
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):

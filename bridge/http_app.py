@@ -128,10 +128,18 @@ class BridgeApp:
         return self.starlette.router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and scope["path"] == "/acp":
-            await self._acp(scope, receive, send)
-        else:
+        if scope["type"] == "lifespan":
             await self.starlette(scope, receive, send)
+            return
+        client = scope.get("client")
+        self.connections.request_started(client)  # its headers are complete: no header timeout now
+        if scope["type"] == "websocket":
+            await (self._acp if scope["path"] == "/acp" else self.starlette)(scope, receive, send)
+            return
+        try:
+            await self.starlette(scope, receive, send)
+        finally:
+            self.connections.request_ended(client)
 
 
 async def banner(request: Request) -> Response:

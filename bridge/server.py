@@ -124,6 +124,9 @@ def uvicorn_config(config: BridgeConfig, app: ASGIApp) -> uvicorn.Config:
         log_level=config.log_level.lower(),
         log_config=None,  # bridge.logs owns logging: stderr only, every line redacted
         access_log=False,
+        # scope["client"] stays the TCP peer: bridge.connections finds a request's connection by it
+        # (with proxy headers on, a local proxy's X-Forwarded-For would rewrite it).
+        proxy_headers=False,
     )
 
 

@@ -117,3 +117,14 @@ async def test_a_dropped_slow_websocket_client_loses_its_socket_within_seconds()
             while app.connections.open:
                 await anyio.sleep(0.1)  # polling the server's count: bounded by fail_after
         await stuck.aclose()
+
+
+async def test_a_slow_request_behind_a_local_proxy_is_not_cut_off_by_the_header_timeout(tmp_path: Path) -> None:
+    """The header timer stops when the app sees the request, found by the TCP peer's address: a
+    proxy's X-Forwarded-For must not hide it (the turn below outlasts the header timeout)."""
+    async with serve(tmp_path, timeouts={"headerTimeout": 0.2}) as port, httpx.AsyncClient(timeout=WAIT) as client:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "session.start", "params": {"sessionId": "p", "taskPrompt": "hi"}}
+        headers = {**AUTH, "X-Forwarded-For": "203.0.113.7"}
+        answer = await client.post(f"http://127.0.0.1:{port}/acp/rpc", json=body, headers=headers)
+        again = await client.post(f"http://127.0.0.1:{port}/acp/rpc", json=CAPS, headers=AUTH)  # kept alive
+    assert answer.json()["result"]["status"] == "completed" and again.status_code == 200
