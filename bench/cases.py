@@ -178,6 +178,8 @@ def _paced_metrics(result: dict[str, Any], expected: int) -> dict[str, Any]:
         "all_complete": result["completed"] == result["sessions"] and result["count"] == expected,
         "p50_ms": result["latency_ms"]["p50"],
         "p99_ms": result["latency_ms"]["p99"],
+        "steady_p50_ms": result["steady_ms"]["p50"],
+        "steady_p99_ms": result["steady_ms"]["p99"],
         "spawn_p50_ms": result["spawn_ms"]["p50"],
         "spawn_p99_ms": result["spawn_ms"]["p99"],
         "probe_idle_p50_ms": result["probe_idle_ms"]["p50"],

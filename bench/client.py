@@ -8,7 +8,8 @@ closes", and the last line is ``RESULT {json}``. Modes:
     rr-http    acp.capabilities over POST /acp/rpc, keep-alive, one in flight per connection
     stream-ws  a warm-up turn, then one turn of ``chunks`` chunks; counts frames
     stream-sse the same over POST /acp/rpc with ``Accept: text/event-stream``
-    paced      ``sessions`` turns at once, one connection each, stamped chunks: write→receive delay
+    paced      ``sessions`` turns at once, one connection each, stamped chunks: write→receive delay,
+               overall and ``steady`` (once every session streams, no start left in the window)
     idle-ws    opens ``conns`` connections and holds them
     turns      ``count`` session.start requests with ``params`` over ``conns`` connections; parses
                each reply (one per turn) for its status and the sources' ``latencyMs``
@@ -236,6 +237,7 @@ async def _probe(port: int, rtts: list[float], stop: asyncio.Event) -> None:
 async def paced(port: int, sessions: int, chunks: int, interval: int, size: int) -> dict[str, Any]:
     window, loop = Window(), asyncio.get_running_loop()
     delays: list[float] = []
+    steady: list[float] = []  # delays once every session has streamed its first chunk
     spawn: list[float] = []
     completed = [0]
     started_at: dict[WsClient, float] = {}
@@ -250,7 +252,10 @@ async def paced(port: int, sessions: int, chunks: int, interval: int, size: int)
         at = buf.find(STAMP, start, end)
         if at >= 0 and buf.find(DONE_EVENT, start, end) < 0:  # so does the bridge's "done" update
             stamp_end = buf.find(b"@@", at + 4, end)
-            delays.append((now - int(buf[at + 4 : stamp_end])) / 1e9)
+            delay = (now - int(buf[at + 4 : stamp_end])) / 1e9
+            delays.append(delay)
+            if not started_at:
+                steady.append(delay)
             if conn in started_at:
                 spawn.append(time.perf_counter() - started_at.pop(conn))
 
@@ -281,6 +286,7 @@ async def paced(port: int, sessions: int, chunks: int, interval: int, size: int)
         sessions=sessions,
         completed=completed[0],
         spawn_ms=percentiles(spawn),
+        steady_ms=percentiles(steady),
         probe_idle_ms=percentiles(idle_rtts),
         probe_load_ms=percentiles(load_rtts),
     )

@@ -53,6 +53,8 @@ SHOWN = (
     "kib_per_conn",
     "kib_per_session",
     "seconds",
+    "steady_p50_ms",  # case 4 once every session streams: the relay without the start storm
+    "steady_p99_ms",
     "spawn_p50_ms",
     "spawn_p99_ms",
     "probe_idle_p50_ms",  # case 4's event-loop lag: /api/ping round trips, idle and under load

@@ -93,8 +93,9 @@ class UpdateLog:
         # The newest update always stays, even one larger than max_bytes on its own.
         while len(self._recent) > 1 and (len(self._recent) > self._capacity or self._bytes > self._max_bytes):
             self._bytes -= len(self._recent.popleft()[1])
-        for subscriber in tuple(self._subscribers):
-            subscriber(params)
+        if self._subscribers:
+            for subscriber in tuple(self._subscribers):
+                subscriber(params)
         return params
 
     def subscribe(self, subscriber: Subscriber, after_seq: int | None = None) -> Callable[[], None]:

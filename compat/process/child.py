@@ -1,5 +1,5 @@
-"""One local child process once started (``compat.process.spawn``): its pipes pumped by plain
-reader and writer tasks, its exit watched, and its end, which leaves nothing behind.
+"""One local child process once started (``compat.process.spawn``): its pipes pumped, its exit
+watched, and its end, which leaves nothing behind.
 
 Shared by every adapter that runs a local command (ACP agents, exec profiles). The rules come from
 field-failures.md: stderr is always drained into a bounded tail (#13), stdout lines are bounded and
@@ -11,13 +11,10 @@ The end of a child is its leader's exit, not stdout EOF, which never comes while
 holds the pipe: once the leader exited, what the pipes already hold is read (a drain, no timed
 wait) and the pumps end.
 
-How a child starts: ``subprocess.Popen`` in a worker thread, with pipes the bridge makes
-non-blocking, reads when the event loop says they are readable (:class:`_Readable`) and writes
-with ``anyio.wait_writable``; the exit is a pidfd
-(Linux ≥ 5.3) that turns readable, reaped with ``Popen.poll``. ``Popen`` uses ``vfork``, so the
-start copies none of the bridge's memory, and the thread keeps the event loop free while the child
-reaches ``exec``, which takes milliseconds when the CPUs are busy. Where pidfds are missing the
-exit is waited for by ``Popen.wait`` in a worker thread.
+How a child is pumped: its pipes are ours and non-blocking; stdout and stderr are read in the event
+loop's readiness callbacks (:class:`_PipeReader`), stdin is written with ``anyio.wait_writable``,
+and the exit is a pidfd (Linux ≥ 5.3) that turns readable, reaped with ``Popen.poll``. Where
+pidfds are missing the exit is waited for by ``Popen.wait`` in a worker thread.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -26,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import signal
@@ -48,6 +46,11 @@ from compat.process.descendants import (
 from compat.process.env import StderrTail
 from compat.process.lines import LineFramer, LineTooLong
 from compat.process.threads import exit_waits
+
+try:
+    import sniffio
+except ImportError:  # anyio then asks asyncio for the running loop, which a callback has
+    sniffio = None
 
 if TYPE_CHECKING:
     import psutil
@@ -122,7 +125,7 @@ class AgentProcess:
         self._pumping: anyio.Event | None = None  # set once :meth:`run` has ended
         self._terminate_lock = anyio.Lock()
         self._terminated = False
-        self._watched: dict[int, _Readable] = {}
+        self._watched: dict[int, _PipeReader] = {}
 
     # ---- facts ------------------------------------------------------------------------------------
 
@@ -154,8 +157,9 @@ class AgentProcess:
     async def run(
         self, on_line: LineConsumer, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Pump the pipes until stdout ends: its lines to ``on_line`` as they arrive, stderr into
-        the tail, queued writes to stdin. Run it in a task group of the owner's.
+        """Pump the pipes until stdout ends: its lines to ``on_line`` as they arrive (from the
+        event loop's readiness callback, see :class:`_PipeReader`), stderr into the tail, queued
+        writes to stdin. Run it in a task group of the owner's.
 
         stdout ends at EOF, or at the leader's exit once what the pipes hold is read. After EOF
         the leader gets :data:`EXIT_WAIT` seconds to exit. Our read ends are closed on return.
@@ -169,7 +173,8 @@ class AgentProcess:
         too_long: LineTooLong | None = None
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._pump_stderr)
+                assert self._stderr is not None
+                self._watch(self._stderr, self._take_stderr)  # read until EOF or _close_reads
                 tg.start_soon(self._write_stdin)
                 tg.start_soon(self._watch_exit)
                 task_status.started()
@@ -192,18 +197,14 @@ class AgentProcess:
     async def _read_stdout(self) -> None:
         fd = self._stdout
         assert fd is not None
-        readable = self._watch(fd)
-        with anyio.CancelScope() as self._reading:
-            while not self._exited.is_set() and (data := _read(fd)) != b"":
-                if data is not None:
-                    self._deliver(data)
-                    continue
-                try:
-                    await readable.wait()
-                except anyio.ClosedResourceError:  # terminate gave up waiting for us
-                    break
-        self._reading = None
-        self._unwatch(fd)  # a pipe at EOF stays readable: watched, it would wake the loop on every pass
+        reader = self._watch(fd, self._deliver)
+        if not self._exited.is_set():
+            with anyio.CancelScope() as self._reading:
+                await reader.ended.wait()
+            self._reading = None
+        self._unwatch(fd)
+        if reader.error is not None:
+            raise reader.error
         self._drain(self._stdout, self._deliver)  # the leader exited: take what the pipe still holds
         for line in self._lines.finish():
             self._line(line)
@@ -235,22 +236,10 @@ class AgentProcess:
             read += len(data)
             take(data)
 
-    async def _pump_stderr(self) -> None:
-        fd = self._stderr
-        assert fd is not None
-        readable = self._watch(fd)
-        while (data := _read(fd)) != b"":
-            if data is None:
-                try:
-                    await readable.wait()
-                except anyio.ClosedResourceError:
-                    return
-                continue
-            self._tail.add(data)
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("pid %d stderr: %s", self.pid, redact(data[:300].decode("utf-8", "replace")))
-        self._unwatch(fd)  # see _read_stdout
-        await anyio.sleep_forever()  # EOF: the task group ends when stdout does
+    def _take_stderr(self, data: bytes) -> None:
+        self._tail.add(data)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("pid %d stderr: %s", self.pid, redact(data[:300].decode("utf-8", "replace")))
 
     async def _watch_exit(self) -> None:
         await self._wait_exit()
@@ -407,9 +396,9 @@ class AgentProcess:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)  # psutil checks the pid was not reused
 
-    def _watch(self, fd: int) -> _Readable:
-        readable = self._watched[fd] = _Readable(fd)
-        return readable
+    def _watch(self, fd: int, take: Callable[[bytes], None]) -> _PipeReader:
+        reader = self._watched[fd] = _PipeReader(fd, take)
+        return reader
 
     def _unwatch(self, fd: int) -> None:
         watched = self._watched.pop(fd, None)
@@ -443,41 +432,57 @@ def _read(fd: int) -> bytes | None:
         return b""
 
 
-class _Readable:
-    """A read pipe watched for its whole life, as asyncio's own pipe transports watch theirs.
+class _PipeReader:
+    """A read pipe read in the event loop's readiness callback, each chunk handed to ``take`` at
+    once, as asyncio's own pipe transports read theirs (``loop.connect_read_pipe``); watched for
+    its whole life, so a read costs no ``epoll_ctl``.
 
-    ``anyio.wait_readable`` registers the descriptor with the event loop and removes it again on
-    every wait: two ``epoll_ctl`` calls and anyio's bookkeeping per line an agent writes. Watched
-    once, a wait is a clear and an event (bench case 4, 100 agents writing a line every 20 ms:
-    the bridge's own CPU per relayed line fell from about 34 to 24 µs on the reader alone).
+    Kept instead of the plain reader task (lines pulled with ``await``) because bench case 4 fails
+    without it: the task's wake-up put one more pass of the event loop, and its bookkeeping,
+    between an agent's write and the client. 100 agents writing a line every 20 ms, on 2 cores:
+    delay p99 3.2-6.3x the baseline relay with the task, 1.14x with the callback (bridge CPU 52%
+    against 48%).
+
+    ``take`` runs in a copy of the creating task's context in which anyio finds the running async
+    library (it asks sniffio, which looks for a current task, and a callback has none): anyio
+    events and ``TaskGroup.start_soon`` work there. It must not block, and cannot enter a cancel
+    scope (that needs a current task). ``ended`` is set at end of file, when ``take`` raised (kept
+    in ``error``, and nothing more is read), or on :meth:`close`.
     """
 
-    __slots__ = ("_closed", "_fd", "_loop", "_ready")
+    __slots__ = ("_closed", "_context", "_fd", "_loop", "_take", "ended", "error")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, take: Callable[[bytes], None]) -> None:
         self._fd = fd
+        self._take = take
+        self._context = contextvars.copy_context()
+        if sniffio is not None:
+            self._context.run(sniffio.current_async_library_cvar.set, "asyncio")
         self._loop = asyncio.get_running_loop()
-        self._ready = asyncio.Event()
         self._closed = False
-        self._loop.add_reader(fd, self._ready.set)
+        self.ended = asyncio.Event()
+        self.error: Exception | None = None
+        self._loop.add_reader(fd, self._on_readable)
 
-    async def wait(self) -> None:
-        """Until the pipe is readable (or at end of file).
-
-        Raises:
-            anyio.ClosedResourceError: :meth:`close` was called.
-        """
-        self._ready.clear()
-        await self._ready.wait()
-        if self._closed:
-            raise anyio.ClosedResourceError
+    def _on_readable(self) -> None:
+        data = _read(self._fd)
+        if data is None:
+            return
+        if not data:
+            self.close()
+            return
+        try:
+            self._context.run(self._take, data)
+        except Exception as exc:  # raised by the task that waits for ``ended``
+            self.error = exc
+            self.close()
 
     def close(self) -> None:
-        """Stop watching (before the descriptor is closed); a waiter is woken and raises."""
+        """Stop reading (before the descriptor is closed); ``ended`` is set."""
         if not self._closed:
             self._closed = True
             self._loop.remove_reader(self._fd)
-            self._ready.set()
+            self.ended.set()
 
 
 def _close(fd: int) -> None:

@@ -261,6 +261,11 @@ def test_new_session_follows_the_controlling_terminal(with_terminal: bool) -> No
     assert done.stdout.strip() == str(with_terminal)
 
 
+def _watching(process: AgentProcess) -> list[int]:
+    """The pipes whose readers are still registered with the event loop."""
+    return [fd for fd, reader in process._watched.items() if not reader.ended.is_set()]
+
+
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_a_pipe_the_child_closed_is_no_longer_watched(loop_name: str) -> None:
     """A pipe at EOF stays readable for good: still watched, it would wake the event loop on every
@@ -274,9 +279,9 @@ def test_a_pipe_the_child_closed_is_no_longer_watched(loop_name: str) -> None:
                 lines: list[bytes] = []
                 tg.start_soon(process.run, lines.append)
                 with anyio.fail_after(WAIT):
-                    while not lines or len(process._watched) != 1:  # stderr at EOF, stdout still open
+                    while not lines or len(watching := _watching(process)) != 1:  # stderr at EOF
                         await anyio.sleep(0.01)
-                watched = [fd == process._stdout for fd in process._watched]
+                watched = [fd == process._stdout for fd in watching]
                 assert process.returncode is None
                 tg.cancel_scope.cancel()
         finally:
