@@ -88,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from bridge.auth import check_exposure
     from bridge.server import listen, run
 
-    overrides: dict[str, Any] = {"host": args.host, "port": args.port}
+    overrides: dict[str, Any] = {"host": args.host, "port": args.port, "stateDir": args.state_dir}
     if args.allow_insecure_no_auth:
         overrides["allowInsecureNoAuth"] = True
     config = load_config(args.config, overrides)
@@ -105,7 +105,7 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
     pause_gc_for_start()  # until freeze_heap, once the orchestrator has started
     from bridge.stdio import serve_stdio
 
-    config = load_config(args.config)
+    config = load_config(args.config, {"stateDir": args.state_dir})
     _setup_logging(config)
 
     async def main() -> None:
@@ -339,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     url = _env("BRIDGE_URL") or DEFAULT_URL
     token = _env("BRIDGE_AUTH_TOKEN")
     config_help = "YAML configuration (default: $BRIDGE_CONFIG_PATH, else ./xworkmate-bridge.yaml)"
+    state_help = "where sessions are stored (default: the config's stateDir, else <dataDir>/state)"
 
     def client_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -353,10 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allow-insecure-no-auth", action="store_true", help="allow listening off loopback with no token (unsafe)"
     )
+    p.add_argument("--state-dir", help=state_help)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("acp-stdio", help="serve the same methods over stdin/stdout")
     p.add_argument("--config", help=config_help)
+    p.add_argument("--state-dir", help=state_help)
     p.set_defaults(func=cmd_acp_stdio)
 
     p = sub.add_parser("call", help="send one request and print the response")

@@ -90,6 +90,10 @@ class BridgeConfig(Settings, frozen=True):
     """A ``workingDirectory`` outside every root runs in a folder of the caller's session under
     ``remoteWorkspaceRoot`` (default: on when the bridge listens off loopback)."""
     remote_workspace_root: str | None = None  # default: <dataDir>/workspaces
+    state_dir: str | None = None
+    """Where sessions, turns and update logs are stored (default ``<dataDir>/state``)."""
+    persist_sessions: bool = True
+    """False: sessions live in memory only and are gone with the process."""
     admin_principals: list[str] = msgspec.field(default_factory=lambda: [LOCAL_PRINCIPAL])
     """Principals that administer the bridge: read ``system.logs`` (and, later, the knowledge
     source registry and metrics)."""
@@ -135,6 +139,12 @@ class BridgeConfig(Settings, frozen=True):
         if self.remote_workspace_root:
             return Path(os.path.expanduser(self.remote_workspace_root)).resolve()
         return self.data_path() / "workspaces"
+
+    def state_path(self) -> Path:
+        """``stateDir``, resolved (default ``<dataDir>/state``)."""
+        if self.state_dir:
+            return Path(os.path.expanduser(self.state_dir)).resolve()
+        return self.data_path() / "state"
 
     def roots(self) -> list[Path]:
         """Workspace roots as resolved paths (default: the home and the system temp directory)."""

@@ -42,12 +42,32 @@ class CallContext(msgspec.Struct):  # one per HTTP request: see bridge.rpc.codec
     Attributes:
         principal: the authenticated token's name (``local`` when auth is off).
         notify: sends a notification on the stream that carries this request's reply; never blocks.
-        connection_id: a label for logs.
+        connection_id: names the stream (a WebSocket connection, an HTTP request, the stdio
+            process): in logs, and for a session's subscribers.
+        closers: run when the stream closes (a subscription ends there); None on a plain HTTP
+            response, which carries nothing after its reply.
+        backlog: the bytes the stream has queued and not yet sent.
+        until_idle: the stream ends with the reply (SSE): ``session.subscribe`` answers once the
+            running turn ended.
+        last_event_id: the SSE ``Last-Event-ID`` request header (``<sessionId>:<seq>``).
     """
 
     principal: str = "local"
     notify: Notify = _discard
     connection_id: str = "-"
+    closers: list[Callable[[], None]] | None = None
+    backlog: Callable[[], int] | None = None
+    until_idle: bool = False
+    last_event_id: str | None = None
+
+
+def run_closers(closers: list[Callable[[], None]]) -> None:
+    """Run a stream's close hooks (each once; one that raises is logged, the others still run)."""
+    while closers:
+        try:
+            closers.pop()()
+        except Exception:
+            log.exception("a stream's close hook failed")
 
 
 class Method(msgspec.Struct, frozen=True):

@@ -299,7 +299,9 @@ class RpcEndpoint:
             frame, reply_expected = parse_body(body)
         except ParseError as exc:
             return rejection(400, exc, headers)
-        ctx = CallContext(principal, connection_id=f"http-{next(_ids)}")
+        ctx = CallContext(
+            principal, connection_id=f"http-{next(_ids)}", last_event_id=request.headers.get("last-event-id")
+        )
         if not reply_expected:
             return self._detach(frame, ctx, headers)
         if "text/event-stream" in request.headers.get("accept", "").lower():

@@ -36,11 +36,16 @@ from orchestrator.results import (
     KnowledgeReadResult,
     KnowledgeSourcesResult,
     ResolveResult,
+    SessionListResult,
+    SessionSnapshot,
+    SubscribeResult,
     SystemLogsResult,
     TurnResult,
     UnavailableTurnResult,
+    UnsubscribeResult,
 )
 from orchestrator.service import Orchestrator
+from orchestrator.sessions import StreamListener
 
 if TYPE_CHECKING:
     from compat.knowledge.service import KnowledgeService
@@ -101,12 +106,42 @@ def routing_resolve(orch: Orchestrator, params: Any, ctx: CallContext) -> Resolv
     return orch.resolve(params)
 
 
+def _listener(ctx: CallContext) -> StreamListener:
+    """The requesting stream as a session's listener (``orchestrator.sessions.Listener``)."""
+    return StreamListener(ctx.notify, ctx.connection_id, ctx.closers, ctx.backlog)
+
+
 async def session_start(orch: Orchestrator, params: Any, ctx: CallContext) -> TurnResult | UnavailableTurnResult:
-    return await orch.run_turn(params, ctx.principal, ctx.notify, start=True)
+    return await orch.run_turn(params, ctx.principal, _listener(ctx), start=True)
 
 
 async def session_message(orch: Orchestrator, params: Any, ctx: CallContext) -> TurnResult | UnavailableTurnResult:
-    return await orch.run_turn(params, ctx.principal, ctx.notify, start=False)
+    return await orch.run_turn(params, ctx.principal, _listener(ctx), start=False)
+
+
+async def session_subscribe(orch: Orchestrator, params: Any, ctx: CallContext) -> SubscribeResult:
+    after = params.after_seq
+    if after is None and ctx.last_event_id:  # SSE resume: Last-Event-ID is <sessionId>:<seq>
+        session_id, _, seq = ctx.last_event_id.rpartition(":")
+        if session_id == params.session_id and seq.isdigit():
+            after = int(seq)
+    return await orch.subscribe(params.session_id, ctx.principal, _listener(ctx), after, until_idle=ctx.until_idle)
+
+
+def session_unsubscribe(orch: Orchestrator, params: Any, ctx: CallContext) -> UnsubscribeResult:
+    return orch.unsubscribe(params.session_id, ctx.principal, ctx.connection_id)
+
+
+async def session_get(orch: Orchestrator, params: Any, ctx: CallContext) -> SessionSnapshot:
+    return await orch.get(params.session_id, ctx.principal)
+
+
+async def session_result(orch: Orchestrator, params: Any, ctx: CallContext) -> dict[str, Any]:
+    return await orch.turn_result(params.session_id, ctx.principal, params.turn_id)
+
+
+async def session_list(orch: Orchestrator, params: Any, ctx: CallContext) -> SessionListResult:
+    return await orch.list_sessions(ctx.principal, params.cursor, params.limit)
 
 
 def session_cancel(orch: Orchestrator, params: Any, ctx: CallContext) -> CancelResult:
@@ -179,6 +214,13 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("session.message", session_message, _TURN, TurnResult | UnavailableTurnResult, inline=False),
     MethodSpec("session.cancel", session_cancel, _SESSION, CancelResult, inline=True),
     MethodSpec("session.close", session_close, _SESSION, CloseResult, inline=False),
+    MethodSpec(
+        "session.subscribe", session_subscribe, Params(_MODELS, "SubscribeParams"), SubscribeResult, inline=False
+    ),
+    MethodSpec("session.unsubscribe", session_unsubscribe, _SESSION, UnsubscribeResult, inline=True),
+    MethodSpec("session.get", session_get, _SESSION, SessionSnapshot, inline=False),
+    MethodSpec("session.result", session_result, Params(_MODELS, "ResultParams"), dict[str, Any], inline=False),
+    MethodSpec("session.list", session_list, Params(_MODELS, "ListParams"), SessionListResult, inline=False),
     MethodSpec(
         "session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True
     ),

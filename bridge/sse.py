@@ -7,14 +7,15 @@ Imported by bridge.http_app when a client first asks for SSE, not at start (benc
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
 from bridge.connections import ConnectionGuard
-from bridge.dispatch import CallContext, Dispatcher
+from bridge.dispatch import CallContext, Dispatcher, run_closers
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Frame
 from bridge.rpc.stream import EnvelopeStream
@@ -55,7 +56,17 @@ class SseReply(EventSourceResponse):
         self._dispatcher, self._frame = dispatcher, frame
         self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._offer)
-        self._ctx = CallContext(ctx.principal, self._stream.notify, ctx.connection_id)
+        self._event_id: bytes | None = None  # the id: of the envelope being offered
+        self._closers: list[Callable[[], None]] = []
+        self._ctx = CallContext(
+            ctx.principal,
+            self._notify,
+            ctx.connection_id,
+            closers=self._closers,
+            backlog=lambda: self._outbox.buffered_bytes,
+            until_idle=True,
+            last_event_id=ctx.last_event_id,
+        )
         self._rpc_scope: anyio.CancelScope | None = None
         headers = {**headers, "Cache-Control": CACHE_CONTROL}
         super().__init__(_events(self._outbox), headers=headers, ping=keepalive, sep="\n")
@@ -72,10 +83,21 @@ class SseReply(EventSourceResponse):
         try:
             await self._dispatcher.run_frame(self._frame, self._stream, self._ctx)
         finally:
+            run_closers(self._closers)
             self._outbox.close()
 
+    def _notify(self, method: str, params: Any) -> None:
+        """A ``session.update`` event carries ``id: <sessionId>:<seq>``, which a client that lost
+        the stream sends back as ``Last-Event-ID`` with ``session.subscribe``."""
+        if method == "session.update" and isinstance(params, dict):
+            event_id = f"{params.get('sessionId', '')}:{params.get('seq', '')}"
+            self._event_id = event_id.translate(_NO_LINE_BREAKS).encode()
+        self._stream.notify(method, params)
+
     def _offer(self, envelope: bytes) -> None:
-        if not self._outbox.offer(envelope):  # the client stopped reading: abort the response
+        event_id, self._event_id = self._event_id, None
+        event = (b"id: " + event_id + b"\n" if event_id else b"") + b"data: " + envelope + b"\n\n"
+        if not self._outbox.offer(event):  # the client stopped reading: abort the response
             log.warning("%s: SSE client is not reading; dropping it", self._ctx.connection_id)
             self._outbox.close()  # later envelopes are ignored: one warning, not one per envelope
             if self._rpc_scope is not None:
@@ -84,7 +106,10 @@ class SseReply(EventSourceResponse):
                 self._connections.abort_later(self._client, DROP_ABORT_AFTER)
 
 
+_NO_LINE_BREAKS = {ord("\r"): None, ord("\n"): None, ord("\0"): None}
+
+
 async def _events(outbox: Outbox) -> AsyncIterator[bytes]:
     async for batch in outbox.batches():  # one body chunk per batch: a send costs more than its bytes
-        yield b"".join(b"data: " + envelope + b"\n\n" for envelope in batch)
+        yield b"".join(batch)
     yield b"data: [DONE]\n\n"

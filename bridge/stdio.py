@@ -26,7 +26,7 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal
 
 from bridge.config import Limits
-from bridge.dispatch import CallContext, Dispatcher
+from bridge.dispatch import CallContext, Dispatcher, run_closers
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest
@@ -158,7 +158,10 @@ class _StdioLink:
         self._reader = FrameReader(stdin, limits.max_message_bytes)
         self._outbox = Outbox(limits.max_connection_queue, limits.max_connection_queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
-        self._ctx = CallContext("local", self._stream.notify, "stdio")
+        self._closers: list[Callable[[], None]] = []
+        self._ctx = CallContext(
+            "local", self._stream.notify, "stdio", closers=self._closers, backlog=lambda: self._outbox.buffered_bytes
+        )
         self._scope = anyio.CancelScope()
 
     async def run(self) -> None:
@@ -169,6 +172,7 @@ class _StdioLink:
                     async with anyio.create_task_group() as requests:
                         await self._read_loop(requests)
                 finally:
+                    run_closers(self._closers)
                     self._outbox.close()  # every request finished: the writer drains, then ends
 
     async def _read_loop(self, requests: TaskGroup) -> None:

@@ -25,6 +25,7 @@ from compat.profile.adapter import ProfileAdapter
 from compat.settings import ProviderConfig
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
+from orchestrator.store import Retention, SqliteStore
 
 
 def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], set[str]]:
@@ -112,4 +113,20 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         admin_principals=config.admin_principals,
         remote_root=config.remote_root(),
         remote_workspaces=remote if (remote := config.remote_workspaces) is not None else not is_loopback(config.host),
+        store=build_store(config),
     )
+
+
+def build_store(config: BridgeConfig) -> SqliteStore | None:
+    """The session store of ``config`` (``stateDir``), or None with ``persistSessions: false``."""
+    if not config.persist_sessions:
+        return None
+    limits = config.limits
+    retention = Retention(
+        max_log_updates=limits.max_log_updates,
+        max_log_bytes=limits.max_log_bytes,
+        max_turn_results=limits.max_turn_results,
+        session_retention=config.timeouts.session_retention,
+        max_bytes=limits.state_max_bytes,
+    )
+    return SqliteStore(config.state_path() / "sessions.db", retention)

@@ -26,7 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.connections import ConnectionGuard
-from bridge.dispatch import CallContext, Dispatcher
+from bridge.dispatch import CallContext, Dispatcher, run_closers
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest, OriginNotAllowed, RpcError, Unauthorized
@@ -159,17 +159,28 @@ class Connection:
         self._dispatcher = dispatcher
         self._outbox = Outbox(queue_size, queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
-        self._ctx = CallContext(principal, self._stream.notify, f"ws-{next(_ids)}")
+        self._closers: list[Callable[[], None]] = []
+        self._ctx = CallContext(
+            principal,
+            self._stream.notify,
+            f"ws-{next(_ids)}",
+            closers=self._closers,
+            backlog=lambda: self._outbox.buffered_bytes,
+        )
         self._scope = anyio.CancelScope()
         self._close_code: int | None = None
 
     async def run(self) -> None:
-        """Serve until the peer leaves or is dropped; in-flight handlers are then cancelled."""
-        with self._scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._write_loop)
-                await self._read_loop(tg)
-                tg.cancel_scope.cancel()
+        """Serve until the peer leaves or is dropped; in-flight handlers are then cancelled, and
+        the connection's subscriptions end."""
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._write_loop)
+                    await self._read_loop(tg)
+                    tg.cancel_scope.cancel()
+        finally:
+            run_closers(self._closers)
         self._outbox.close()
         if self._close_code is not None:
             await self._close(self._close_code)

@@ -484,6 +484,7 @@ class Timeouts(Settings, frozen=True):
     progress_interval: Seconds = 10.0  # silence in a turn before a "waiting" status update
     header_timeout: Seconds = 10.0  # a connection's request headers must be complete by then
     agent_capacity_timeout: Seconds = 30.0  # a turn waits this long for one of maxLiveAgents
+    session_retention: Seconds = 30 * 86400.0  # a stored session idle this long is pruned
 
 
 class Limits(Settings, frozen=True):
@@ -513,6 +514,10 @@ class Limits(Settings, frozen=True):
     max_connection_queue_bytes: Count = 16 * MiB  # and their bytes; then the client is dropped
     done_message_bytes: Count = 64 * 1024
     tool_content_bytes: Count = 64 * 1024
+    max_log_updates: Count = 10_000  # session.update notifications kept per session (the store)
+    max_log_bytes: Count = 16 * MiB  # and their bytes
+    max_turn_results: Count = 100  # turn results kept per session
+    state_max_bytes: Count = 1024 * MiB  # the state database; the oldest sessions are pruned past it
 
 
 class ProviderConfig(Settings, frozen=True):

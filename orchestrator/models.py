@@ -44,7 +44,25 @@ class InlineAttachmentParam(_Params):
 
 
 class SessionRef(_Params):
-    session_id: str = Field(min_length=1)
+    session_id: str = Field(min_length=1, max_length=512)
+
+
+class SubscribeParams(SessionRef):
+    """``session.subscribe``: replay the logged updates after ``afterSeq`` (absent: none, only
+    live ones; an SSE ``Last-Event-ID`` header of the same session stands in for it)."""
+
+    after_seq: int | None = Field(None, ge=0)
+
+
+class ResultParams(SessionRef):
+    turn_id: str = Field(min_length=1, max_length=200)
+
+
+class ListParams(_Params):
+    """``session.list``: a page of the caller's sessions, newest first."""
+
+    cursor: str | None = Field(None, max_length=1024)
+    limit: int = Field(50, ge=1, le=200)
 
 
 class _Preference(_Params):

@@ -136,6 +136,7 @@ class TurnResult(Result, frozen=True):
     error: TurnErrorInfo | UnsetType = UNSET
     artifacts: list[dict[str, Any]] | UnsetType = UNSET
     artifacts_omitted: str | UnsetType = UNSET
+    context_restored: str | UnsetType = UNSET
 
 
 class UnavailableTurnResult(Result, frozen=True):
@@ -183,6 +184,66 @@ class SessionUpdate(Result, frozen=True, forbid_unknown_fields=False):
 
 
 # ---- the small ones --------------------------------------------------------------------------------
+
+
+# ---- session.get / subscribe / result / list -------------------------------------------------------
+
+
+class TurnSummary(Result, frozen=True):
+    """One turn of a session, newest first in ``session.get``; times in seconds since the epoch."""
+
+    turn_id: str
+    status: str
+    started_at: float
+    ended_at: float | None
+    summary: str
+
+
+class SessionSnapshot(Result, frozen=True):
+    """``session.get``: the authoritative state of a session (docs/api.md "Resumable streams")."""
+
+    session_id: str
+    thread_id: str
+    state: str  # idle, running or closed
+    provider_id: str | None
+    working_directory: str | None
+    session_state: dict[str, Any]
+    turns: list[TurnSummary]
+    last_seq: int
+    created_at: float
+    title: str | UnsetType = UNSET
+
+
+class SubscribeResult(Result, frozen=True):
+    """``session.subscribe``: the snapshot, and (over SSE, which answers once the running turn
+    ended) that turn's result."""
+
+    subscribed: bool
+    last_seq: int
+    state: SessionSnapshot
+    gap: bool | UnsetType = UNSET
+    first_seq: int | UnsetType = UNSET
+    result: dict[str, Any] | UnsetType = UNSET
+
+
+class SessionListEntry(Result, frozen=True):
+    session_id: str
+    thread_id: str
+    state: str
+    provider_id: str | None
+    created_at: float
+    updated_at: float
+    title: str | UnsetType = UNSET
+
+
+class SessionListResult(Result, frozen=True):
+    sessions: list[SessionListEntry]
+    next_cursor: str | None
+
+
+class UnsubscribeResult(Result, frozen=True):
+    accepted: bool
+    unsubscribed: bool
 
 
 class CancelResult(Result, frozen=True):

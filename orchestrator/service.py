@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
+from msgspec import UNSET, UnsetType
 
+from bridge.rpc.codec import loads
 from bridge.rpc.errors import InvalidParams, NotFound
 from compat.base import Attachment, ProviderSession
 from compat.settings import Limits, Timeouts
@@ -34,11 +36,18 @@ from orchestrator.results import (
     NestedCapabilities,
     ProviderEntry,
     ResolveResult,
+    SessionListEntry,
+    SessionListResult,
+    SessionSnapshot,
+    SubscribeResult,
     TurnResult,
+    TurnSummary,
     UnavailableTurnResult,
+    UnsubscribeResult,
 )
 from orchestrator.routing import Resolution, RoutingInput, resolve
-from orchestrator.sessions import Session, SessionTable
+from orchestrator.sessions import Listener, Session, SessionTable, StreamListener
+from orchestrator.store import SqliteStore, end_left_behind
 from orchestrator.turn import Turn, TurnInput, new_turn_id
 from orchestrator.workspace import Workspace
 
@@ -49,6 +58,8 @@ if TYPE_CHECKING:  # pydantic: the handlers import the params models on first us
 log = logging.getLogger(__name__)
 Notify = Callable[[str, Any], None]
 SHUTDOWN_SLACK = 10.0  # seconds, past cancelGrace, that ending everything at shutdown may take
+REPLAY_CHUNK = 512  # updates read from the store at a time by a resuming subscriber
+REPLAY_BACKLOG = 4 * 1024 * 1024  # bytes a stream may have queued before a replay waits for it
 
 
 class Orchestrator:
@@ -70,6 +81,8 @@ class Orchestrator:
             may read its logs (``system.logs``).
         remote_root / remote_workspaces: ``remoteWorkspaceRoot`` (resolved) and whether
             ``remoteWorkspaces`` is on (``orchestrator.workspace.Workspace``).
+        store: where sessions, turns and update logs are kept across restarts
+            (``orchestrator.store``); entered and left with the orchestrator. None: memory only.
     """
 
     def __init__(
@@ -86,8 +99,10 @@ class Orchestrator:
         admin_principals: Sequence[str] = ("local",),
         remote_root: Path | None = None,
         remote_workspaces: bool = False,
+        store: SqliteStore | None = None,
     ) -> None:
         self.registry = registry
+        self.store = store
         self._background = tuple(background)
         self.admin_principals = frozenset(admin_principals)
         self.workspace = Workspace(
@@ -108,8 +123,9 @@ class Orchestrator:
         self.knowledge = knowledge
         self.running = anyio.Semaphore(limits.max_running_turns)
         self.sessions = SessionTable(
-            limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token
+            limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token, store=store
         )
+        self._loading: dict[tuple[str, str], anyio.Event] = {}
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
         self._capabilities: tuple[Any, CapabilitiesResult] | None = None
@@ -126,6 +142,9 @@ class Orchestrator:
     # ---- lifetime ----------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Orchestrator:
+        if self.store is not None:
+            await self.store.__aenter__()
+            await end_left_behind(self.store)
         if self.knowledge is not None:
             await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
@@ -157,13 +176,17 @@ class Orchestrator:
                     await self._end_provider_session(session)
                     await self._remove_files(session, remote=False)  # kept: the same ids find it again
             await self.registry.aclose()
+            for session in self.sessions:
+                session.close_log()
         self._tg.cancel_scope.cancel()
         try:
             await self._tg.__aexit__(*exc_info)
         finally:
-            if self.knowledge is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_SLACK):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_SLACK):
+                if self.knowledge is not None:
                     await self.knowledge.__aexit__(None, None, None)
+                if self.store is not None:
+                    await self.store.__aexit__(None, None, None)
 
     # ---- capabilities and routing ------------------------------------------------------------------
 
@@ -245,12 +268,14 @@ class Orchestrator:
     # ---- turns -------------------------------------------------------------------------------------
 
     async def run_turn(
-        self, params: TurnParams, principal: str, notify: Notify, *, start: bool
+        self, params: TurnParams, principal: str, listener: Listener | Notify, *, start: bool
     ) -> TurnResult | UnavailableTurnResult:
         """``session.start`` (start=True) or ``session.message``: run one turn and return its result.
 
-        Everything before the first ``await`` is synchronous, so turns are queued in the order the
-        requests were read.
+        ``listener`` (the requesting stream) receives the session's updates: for the rest of its
+        life when it has ``closers``, else while this turn runs. A session known only to the store
+        is loaded first; everything from then to the first ``await`` is synchronous, so turns are
+        queued in the order the requests were read.
 
         Raises:
             InvalidParams: -32602, bad workingDirectory, attachment or routing; or the provider
@@ -259,10 +284,13 @@ class Orchestrator:
                 finds the session's turn ending after a stop first waits for that end (bounded).
             LimitReached: -32006, ``maxSessions`` sessions exist.
         """
+        if not isinstance(listener, StreamListener) and callable(listener):
+            listener = StreamListener(listener, f"callable-{id(listener)}", closers=[])  # listens for good
         cwd = self.workspace.working_directory(params.working_directory, principal, params.session_id)
         usable = self.workspace.usable_attachments(params.attachments, principal, params.session_id)
         copies = attachments.match(params.attachments, params.inline_attachments, usable)
         resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider)
+        await self._load(principal, params.session_id)
         thread_id = params.thread_id or params.session_id
         session = self.sessions.open(params.session_id, principal, thread_id)
         if start and session.stopping:  # Stop, then send (the app's next send is a session.start)
@@ -283,8 +311,9 @@ class Orchestrator:
             or (params.return_artifacts and self.workspace.below_a_root(cwd)),
             not_listed=str(self.workspace.remote_root) if self.workspace.remote_root else None,
         )
-        turn = Turn(self, session, spec, notify)
+        turn = Turn(self, session, spec)
         session.admit(turn, start=start)
+        transient = self._listen(session, listener)
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
             if self.workspace.is_remote(cwd):  # created here, for an admitted turn only
@@ -293,17 +322,36 @@ class Orchestrator:
                 spec.attachments = await self._write_inline(session, spec, params, usable, copies)
         except BaseException:
             turn.withdraw(Trigger.REFUSE)  # close and shutdown wait for every admitted turn's end
+            if transient:
+                session.log.detach(listener.key, "turn")
             raise
         assert self._tg is not None, "use the Orchestrator as an async context manager"
         if self._closing:  # the bridge began to stop: the turn ends as cancelled before it started
             turn.withdraw(Trigger.SHUTDOWN)
         else:
             self._tg.start_soon(turn.run)
-        await turn.ended.wait()
+        try:
+            await turn.ended.wait()
+        finally:
+            if transient:
+                session.log.detach(listener.key, "turn")
         assert turn.result is not None
         if turn.files_before is not None or turn.artifacts_omitted:
-            return await self._with_artifacts(turn, turn.result)
+            result = await self._with_artifacts(turn, turn.result)
+            session.save_turn(turn, result)
+            return result
         return turn.result
+
+    def _listen(self, session: Session, listener: Listener) -> bool:
+        """Deliver the session's updates to ``listener``; True when only for this turn (it has
+        no ``closers``: a plain HTTP response)."""
+        if listener.closers is None:
+            session.log.attach(listener.key, listener.deliver, "turn")
+            return True
+        if session.log.attach(listener.key, listener.deliver, "stream"):
+            log_ = session.log
+            listener.closers.append(lambda: log_.detach(listener.key))
+        return False
 
     async def _with_artifacts(self, turn: Turn, result: TurnResult) -> TurnResult:
         """``result`` with the files the turn made as ``artifacts`` (after the provider's own)."""
@@ -381,6 +429,219 @@ class Orchestrator:
             session.provider_id = provider_id
         return session.provider_session, reset
 
+    # ---- the stored sessions: load, get, subscribe, result, list --------------------------------
+
+    async def _load(self, principal: str, session_id: str) -> Session | None:
+        """The principal's session, loaded from the store when only the store has it. Callers
+        that wait for the same load resume in the order they asked (admission order holds)."""
+        session = self.sessions.get(session_id, principal)
+        if session is not None or self.store is None:
+            return session
+        key = (principal, session_id)
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = anyio.Event()
+            assert self._tg is not None, "use the Orchestrator as an async context manager"
+            self._tg.start_soon(self._fetch, principal, session_id, loading)
+        await loading.wait()
+        return self.sessions.get(session_id, principal)
+
+    async def _fetch(self, principal: str, session_id: str, loaded: anyio.Event) -> None:
+        assert self.store is not None
+        try:
+            record = await self.store.load_session(principal, session_id)
+            if record is not None and self.sessions.get(session_id, principal) is None:
+                self.sessions.open(session_id, principal, record.thread_id, record=record)
+        except Exception:
+            log.exception("loading session %s from the store failed", session_id[:80])
+        finally:
+            self._loading.pop((principal, session_id), None)
+            loaded.set()
+
+    async def _known(self, principal: str, session_id: str) -> Session:
+        session = await self._load(principal, session_id)
+        if session is None:
+            raise NotFound("unknown session", sessionId=session_id[:200])
+        return session
+
+    async def get(self, session_id: str, principal: str) -> SessionSnapshot:
+        """``session.get``: the session's state, provider, session-level state, turns (newest
+        first) and ``lastSeq``.
+
+        Raises:
+            NotFound: -32004, no such session for this principal (another's is unknown too).
+        """
+        return await self._snapshot(await self._known(principal, session_id))
+
+    async def _snapshot(self, session: Session) -> SessionSnapshot:
+        turns: list[TurnSummary] = []
+        if self.store is not None:
+            await self.store.flush()
+            stored = await self.store.turns(session.owner, session.session_id, self.store.retention.max_turn_results)
+            turns = [
+                TurnSummary(
+                    turn_id=t.turn_id, status=t.status, started_at=t.started_at, ended_at=t.ended_at, summary=t.summary
+                )
+                for t in stored
+            ]
+        state = "running" if session.busy else "closed" if session.closed else "idle"
+        title = (session.state.get("session_info_update") or {}).get("title")
+        return SessionSnapshot(
+            session_id=session.session_id,
+            thread_id=session.thread_id,
+            state=state,
+            provider_id=session.provider_id or session.provider_id_before,
+            working_directory=session.working_directory,
+            session_state={k: v for k, v in session.state.items() if v is not None},
+            turns=turns,
+            last_seq=session.log.last_seq,
+            created_at=session.created_at,
+            title=title if isinstance(title, str) else UNSET,
+        )
+
+    async def subscribe(
+        self, session_id: str, principal: str, listener: Listener, after_seq: int | None, *, until_idle: bool
+    ) -> SubscribeResult:
+        """``session.subscribe``: replay the logged updates after ``after_seq`` to ``listener``,
+        then deliver the live ones, each once, in order (docs/api.md "Resumable streams").
+
+        ``until_idle`` (SSE, whose response ends the stream): answer once the running turn ended,
+        with its result. A stream without ``closers`` (plain HTTP) cannot subscribe: the answer
+        has ``subscribed: false`` and the snapshot.
+
+        Raises:
+            NotFound: -32004, no such session for this principal.
+        """
+        session = await self._known(principal, session_id)
+        if listener.closers is None:
+            snapshot = await self._snapshot(session)
+            return SubscribeResult(subscribed=False, last_seq=snapshot.last_seq, state=snapshot)
+        gap: bool | UnsetType = UNSET
+        first: int | UnsetType = UNSET
+        if after_seq is not None and not session.log.listening(listener.key):
+            missed = await self._replay(session, listener, after_seq)
+            if missed is not None:
+                gap, first = True, missed
+        if session.log.attach(listener.key, listener.deliver, "subscribe"):
+            log_ = session.log
+            listener.closers.append(lambda: log_.detach(listener.key))
+        running = session.active
+        result: dict[str, Any] | UnsetType = UNSET
+        if until_idle and isinstance(running, Turn):
+            await running.ended.wait()
+            if running.result is not None:
+                result = msgspec.to_builtins(running.result)
+        snapshot = await self._snapshot(session)
+        return SubscribeResult(
+            subscribed=True, last_seq=snapshot.last_seq, state=snapshot, gap=gap, first_seq=first, result=result
+        )
+
+    async def _replay(self, session: Session, listener: Listener, after_seq: int) -> int | None:
+        """Deliver the logged updates after ``after_seq``: from the store while the memory's tail
+        does not reach back that far, then from the tail; returns the first ``seq`` available when
+        updates after ``after_seq`` were already pruned. Ends synchronously with the tail, so the
+        caller attaches the listener with nothing in between."""
+        missed: int | None = None
+        cursor = after_seq
+        store = self.store
+        for _ in range(64):  # each pass catches up with what was appended meanwhile
+            kept = session.log.first_kept
+            if store is None or kept is None or cursor >= kept - 1:
+                break
+            await store.flush()
+            rows = await store.read_updates(session.owner, session.session_id, cursor, kept, REPLAY_CHUNK)
+            if not rows:
+                missed = missed or kept
+                cursor = kept - 1
+                break
+            if rows[0][0] > cursor + 1 and missed is None:
+                missed = rows[0][0]
+            for seq, body in rows:
+                listener.deliver(loads(body))
+                cursor = seq
+            while listener.backlog() > REPLAY_BACKLOG:  # let the stream drain before the next chunk
+                await anyio.sleep(0.01)
+        kept = session.log.first_kept
+        if kept is not None and kept > cursor + 1 and missed is None:
+            missed = kept
+        for _seq, body in session.log.kept_after(cursor):
+            listener.deliver(loads(body))
+        return missed
+
+    def unsubscribe(self, session_id: str, principal: str, key: str) -> UnsubscribeResult:
+        """``session.unsubscribe``: this stream stops receiving the session's updates."""
+        session = self.sessions.get(session_id, principal)
+        listening = session is not None and session.log.listening(key)
+        if session is not None:
+            session.log.detach(key, "subscribe")
+            session.log.detach(key, "stream")
+        return UnsubscribeResult(accepted=True, unsubscribed=listening)
+
+    async def turn_result(self, session_id: str, principal: str, turn_id: str) -> dict[str, Any]:
+        """``session.result``: the full result of a finished turn, or the state of a running one.
+
+        Raises:
+            NotFound: -32004, no such session or turn (pruned turns are unknown).
+        """
+        session = await self._known(principal, session_id)
+        for turn in session.turns:
+            if isinstance(turn, Turn) and turn.turn_id == turn_id and turn.result is None:
+                return {"sessionId": session_id, "turnId": turn_id, "status": "running", "output": turn.output}
+        record = None
+        if self.store is not None:
+            await self.store.flush()
+            record = await self.store.turn(principal, session_id, turn_id)
+        if record is None:
+            raise NotFound("unknown turn", sessionId=session_id[:200], turnId=turn_id[:200])
+        if record.result is None:
+            return {"sessionId": session_id, "turnId": turn_id, "status": record.status, "output": ""}
+        return record.result
+
+    async def list_sessions(self, principal: str, cursor: str | None, limit: int) -> SessionListResult:
+        """``session.list``: the principal's sessions, most recently active first, ``limit`` at a
+        time; ``nextCursor`` (opaque) asks for the next page.
+
+        Raises:
+            InvalidParams: -32602, a cursor this bridge did not give.
+        """
+        before = _decode_cursor(cursor)
+        entries: list[SessionListEntry] = []
+        if self.store is not None:
+            await self.store.flush()
+            records = await self.store.list_sessions(principal, before, limit + 1)
+            for record in records[:limit]:
+                live = self.sessions.get(record.session_id, principal)
+                state = "running" if live and live.busy else "closed" if record.closed else "idle"
+                title = (record.state.get("session_info_update") or {}).get("title")
+                entries.append(
+                    SessionListEntry(
+                        session_id=record.session_id,
+                        thread_id=record.thread_id,
+                        state=state,
+                        provider_id=record.provider_id,
+                        created_at=record.created_at,
+                        updated_at=record.updated_at,
+                        title=title if isinstance(title, str) else UNSET,
+                    )
+                )
+            more = len(records) > limit
+        else:
+            live = sorted((s for s in self.sessions if s.owner == principal), key=lambda s: s.last_active, reverse=True)
+            for session in live[:limit]:
+                entries.append(
+                    SessionListEntry(
+                        session_id=session.session_id,
+                        thread_id=session.thread_id,
+                        state="running" if session.busy else "idle",
+                        provider_id=session.provider_id,
+                        created_at=session.created_at,
+                        updated_at=session.created_at,
+                    )
+                )
+            more = False
+        last = entries[-1] if entries and more else None
+        return SessionListResult(sessions=entries, next_cursor=_encode_cursor(last) if last else None)
+
     # ---- cancel, close, permission -----------------------------------------------------------------
 
     def cancel(self, session_id: str, principal: str) -> CancelResult:
@@ -400,10 +661,11 @@ class Orchestrator:
         """``session.close``: stop its turns at once, end the provider session and its process,
         forget the session. Another principal's session is an unknown one (``closed: false``).
         """
-        session = self.sessions.get(session_id, principal)
-        if session is None:
+        session = await self._load(principal, session_id)
+        if session is None or session.closed:
             return CloseResult(accepted=True, closed=False)
         self.sessions.pop(session_id, principal)
+        session.closed = True
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
             turns = list(session.turns)
             for turn in turns:
@@ -412,6 +674,8 @@ class Orchestrator:
                 await turn.ended.wait()
             await self._end_provider_session(session)
             await self._remove_files(session)
+        session.save()
+        session.close_log()
         return CloseResult(accepted=True, closed=True)
 
     def permission(self, params: PermissionParams, principal: str) -> AcceptedResult:
@@ -454,6 +718,8 @@ class Orchestrator:
         while True:
             await anyio.sleep(interval)
             self.sessions.evict_idle(self.timeouts.session_idle_timeout)
+            if self.store is not None:
+                self.store.prune()  # sessionRetention and stateMaxBytes, in the store's writer
 
     async def _end_provider_session(self, session: Session) -> None:
         """End the session's provider session (its agent process); never raises: it runs in the
@@ -512,3 +778,22 @@ def unavailable_result(session: Session, resolution: Resolution, cwd: str) -> Un
         resolved_working_directory=cwd,
         **{f: getattr(wire, f) for f in _SHARED},
     )
+
+
+def _encode_cursor(entry: SessionListEntry) -> str:
+    import base64
+
+    raw = msgspec.json.encode([entry.updated_at, entry.session_id])
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> tuple[float, str] | None:
+    if not cursor:
+        return None
+    import base64
+
+    try:
+        updated, session_id = msgspec.json.decode(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return float(updated), str(session_id)
+    except (ValueError, TypeError, msgspec.DecodeError) as exc:
+        raise InvalidParams("Invalid params: unknown cursor", field="cursor") from exc

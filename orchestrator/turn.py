@@ -133,10 +133,12 @@ class Turn:
         host: the orchestrator.
         session: the bridge session.
         spec: what to run.
-        notify: sends a notification to the requesting connection (never blocks).
+
+    Its updates go to the session's log, which delivers them to every stream listening to the
+    session (the requesting one among them, ``Orchestrator.run_turn``).
     """
 
-    def __init__(self, host: TurnHost, session: Session, spec: TurnInput, notify: Notify) -> None:
+    def __init__(self, host: TurnHost, session: Session, spec: TurnInput) -> None:
         self.machine = TurnMachine()
         self.turn_id: str | None = None
         self.result: TurnResult | None = None
@@ -145,8 +147,9 @@ class Turn:
         self._host = host
         self._session = session
         self._spec = spec
-        self._notify = notify
         self._limits = host.limits
+        self.started_at = 0.0  # time.time() when it began (its stored record's startedAt)
+        self._context_restored = ""  # "history": the stored conversation was given to a new agent session
         self._scope = anyio.CancelScope()
         self._outcome: TurnOutcome | None = None
         self._context_reset = False
@@ -248,6 +251,8 @@ class Turn:
         self._started = time.monotonic()
         self._scope.deadline = anyio.current_time() + host.timeouts.turn_timeout
         self._announced = True
+        self.started_at = time.time()
+        self._session.save_turn(self)  # recorded as running: a restart finds it (BRIDGE_RESTARTED)
         self.publish(updates.started())
         self._send_unsent_state()
         self._waiting_for_slot = True
@@ -273,11 +278,17 @@ class Turn:
         spec, host = self._spec, self._host
         await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
         self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
+        prompt = spec.prompt
+        if self._session.restored:  # a new agent session continues a stored conversation
+            self._session.restored = False
+            if not spec.start and self._session.history:
+                prompt = with_history(self._session.history, prompt)
+                self._context_restored = "history"
         request = TurnRequest(
             session_id=self._session.session_id,
             thread_id=self._session.thread_id,
             turn_id=turn_id,
-            prompt=spec.prompt,
+            prompt=prompt,
             working_directory=spec.cwd,
             model=spec.resolution.resolved_model or None,
             attachments=spec.attachments,
@@ -316,6 +327,8 @@ class Turn:
             log.exception("turn %s on session %s: ending it failed", self.turn_id, self._session.session_id[:80])
             self.result = self._bare_result("failed", "INTERNAL_ERROR", "the bridge failed unexpectedly; see its log")
         finally:
+            self._session.save_turn(self, self.result)
+            self._session.save()
             self._session.release(self)
             self.ended.set()
 
@@ -414,6 +427,7 @@ class Turn:
             usage=outcome.usage or {},
             upstream_session_id=upstream,
             context_reset=self._context_reset or outcome.context_reset,
+            context_restored=self._context_restored or UNSET,
             **resolution.preference(),
             error=error,
             artifacts=outcome.artifacts if outcome.artifacts is not None else UNSET,
@@ -507,7 +521,6 @@ class Turn:
         full = {"sessionId": self._session.session_id, "threadId": self._session.thread_id, "turnId": self.turn_id}
         full.update(params)
         self._session.log.append(full)
-        self._notify("session.update", full)
 
     def _text(self, text: str) -> None:
         if not text or (self.machine.output_limited and self.machine.state is not TurnState.ENDED):
@@ -559,3 +572,22 @@ class Turn:
         for kind in sorted(session.state_unsent):
             self.publish(updates.from_event(SessionStateEvent(kind, session.state.get(kind))))
         session.state_unsent.clear()
+
+
+HISTORY_CONTEXT_BYTES = 64 * 1024
+"""At most this much of a stored conversation (its latest part) is given to a new agent session."""
+
+
+def with_history(history: Any, prompt: str) -> str:
+    """``prompt`` after the stored conversation, for an agent session that does not know it (the
+    bridge restarted, or the session was unloaded): docs/api.md "Durable sessions"."""
+    lines: list[str] = []
+    size = 0
+    for role, text in reversed(list(history)):
+        entry = f"{'User' if role == 'user' else 'Assistant'}: {text}"
+        size += utf8_len(entry)
+        if size > HISTORY_CONTEXT_BYTES:
+            break
+        lines.append(entry)
+    lines.reverse()
+    return "Our conversation so far:\n\n" + "\n\n".join(lines) + "\n\nContinue it. My next message:\n\n" + prompt

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from bridge.rpc.errors import InvalidParams, NotFound, SessionBusy
@@ -341,8 +342,8 @@ def test_update_log_replays_what_it_kept_after_the_given_seq():
     log = UpdateLog(capacity=3)
     for i in range(5):
         log.append({"type": "delta", "delta": f"d{i}", "n": {"i": i}})
-    replayed: list[dict] = []
-    log.subscribe(replayed.append, after_seq=3)
+    replayed: list[dict] = [orjson.loads(body) for _seq, body in log.kept_after(3)]
+    log.attach("a", replayed.append, "subscribe")
     log.append({"type": "done"})
     assert replayed == [
         {"type": "delta", "delta": "d3", "n": {"i": 3}, "seq": 4},
@@ -357,8 +358,7 @@ def test_update_log_keeps_the_newest_update_even_when_it_alone_exceeds_the_byte_
     log = UpdateLog(max_bytes=1024)
     log.append({"type": "delta", "delta": "small"})
     log.append({"type": "tool_call_update", "rawOutput": "x" * 4096})
-    replayed: list[dict] = []
-    log.subscribe(replayed.append, after_seq=0)
+    replayed = [orjson.loads(body) for _seq, body in log.kept_after(0)]
     assert [u["seq"] for u in replayed] == [2] and replayed[0]["rawOutput"] == "x" * 4096
 
 

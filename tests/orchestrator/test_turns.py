@@ -147,7 +147,9 @@ async def test_close_while_queued_ends_the_queued_turn_before_it_started(tmp_pat
     assert closed.closed is True
     assert results[0].status == "cancelled" and results[0].turn_id is not None
     assert results[1].status == "cancelled" and results[1].turn_id is None
-    assert results[1].error.code == "CANCELLED" and queued.updates == []  # it never started
+    # it never started: its stream saw only the running turn's updates (one session, one log)
+    assert results[1].error.code == "CANCELLED"
+    assert {u["turnId"] for u in queued.updates} == {results[0].turn_id}
     assert adapter.sessions[0].closed
 
 
@@ -296,8 +298,9 @@ async def test_a_turn_cut_off_from_outside_is_cancelled_not_timed_out(tmp_path: 
             start=True,
             extra={},
         )
-        turn = Turn(orch, session, spec, client)
+        turn = Turn(orch, session, spec)
         session.admit(turn, start=True)
+        session.log.attach("client", lambda params: client("session.update", params), "stream")
         async with anyio.create_task_group() as outside:
             outside.start_soon(turn.run)
             await client.wait_for("delta")

@@ -1,0 +1,606 @@
+"""The session store: sessions, turns with their results, the update log and the conversation
+history, kept in an embedded SQLite database so they outlive the connection and the process
+(docs/api.md "Durable sessions").
+
+One writer thread per process takes every write from a queue and commits whatever is queued as one
+transaction (group commit): concurrent turns never meet "database is locked", and the event loop
+never waits on the disk. A write the caller must know is durable (a ``seq`` reservation) returns a
+future. Reads run in worker threads on connections of their own; in WAL mode readers never block
+the writer. :meth:`SqliteStore.flush` waits until every write queued before it is committed, so a
+read after it sees them.
+
+The orchestrator sees only :class:`Store`; a replicated store can replace SQLite behind it.
+
+Must not import: ``bridge`` (except ``bridge.rpc``) or ``compat``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio.to_thread
+import msgspec
+
+log = logging.getLogger(__name__)
+
+SEQ_BLOCK = 10_000
+"""``seq`` values reserved durably at a time. A session restarted after a crash continues one block
+past its last reservation, so no ``seq`` a client saw is ever given again (docs/api.md)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    principal TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    provider_id TEXT,
+    working_directory TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    state TEXT NOT NULL DEFAULT '{}',
+    history TEXT NOT NULL DEFAULT '[]',
+    seq_reserved INTEGER NOT NULL DEFAULT 0,
+    seq_exact INTEGER NOT NULL DEFAULT 0,
+    closed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (principal, session_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_time ON sessions (principal, updated_at);
+CREATE TABLE IF NOT EXISTS turns (
+    principal TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    status TEXT NOT NULL,
+    summary TEXT NOT NULL DEFAULT '',
+    result BLOB,
+    PRIMARY KEY (principal, session_id, turn_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS updates (
+    principal TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    turn_id TEXT,
+    body BLOB NOT NULL,
+    PRIMARY KEY (principal, session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS processes (
+    pid INTEGER NOT NULL,
+    started REAL NOT NULL,
+    owner_pid INTEGER NOT NULL,
+    owner_started REAL NOT NULL,
+    PRIMARY KEY (pid, started)
+) WITHOUT ROWID;
+"""
+
+
+class SessionRecord(msgspec.Struct, kw_only=True):
+    """A stored session (times in seconds since the epoch)."""
+
+    principal: str
+    session_id: str
+    thread_id: str
+    provider_id: str | None = None
+    working_directory: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    state: dict[str, Any] = {}
+    history: list[tuple[str, str]] = []
+    closed: bool = False
+    next_seq: int = 1  # the first seq the session may use after loading
+
+
+class TurnRecord(msgspec.Struct, kw_only=True):
+    """A stored turn: ``result`` is the wire result (None while it runs)."""
+
+    turn_id: str
+    started_at: float
+    ended_at: float | None
+    status: str
+    summary: str = ""
+    result: dict[str, Any] | None = None
+
+
+class Store(Protocol):
+    """What the orchestrator needs of a store. Writes never block (they are queued); reads wait."""
+
+    def save_session(self, record: SessionRecord) -> None: ...
+    def delete_session(self, principal: str, session_id: str) -> None: ...
+    def reserve_seq(self, principal: str, session_id: str, upto: int) -> concurrent.futures.Future[None]: ...
+    def close_log(self, principal: str, session_id: str, last_seq: int) -> None: ...
+    def append_update(self, principal: str, session_id: str, seq: int, turn_id: str | None, body: bytes) -> None: ...
+    def save_turn(self, principal: str, session_id: str, turn: TurnRecord) -> None: ...
+    async def flush(self) -> None: ...
+    async def load_session(self, principal: str, session_id: str) -> SessionRecord | None: ...
+    async def list_sessions(
+        self, principal: str, before: tuple[float, str] | None, limit: int
+    ) -> list[SessionRecord]: ...
+    async def read_updates(
+        self, principal: str, session_id: str, after_seq: int, before_seq: int | None, limit: int
+    ) -> list[tuple[int, bytes]]: ...
+    async def first_seq(self, principal: str, session_id: str) -> int | None: ...
+    async def turns(self, principal: str, session_id: str, limit: int) -> list[TurnRecord]: ...
+    async def turn(self, principal: str, session_id: str, turn_id: str) -> TurnRecord | None: ...
+
+
+class Retention(msgspec.Struct, frozen=True):
+    """How much the store keeps (docs/api.md "Limits")."""
+
+    max_log_updates: int = 10_000  # per session
+    max_log_bytes: int = 16 * 1024 * 1024  # per session
+    max_turn_results: int = 100  # per session
+    session_retention: float = 30 * 86400.0  # seconds idle before a session is pruned
+    max_bytes: int = 1024 * 1024 * 1024  # the database file
+
+
+_Op = Callable[[sqlite3.Connection], Any]
+_STOP = object()
+_PRUNE_EVERY = 256  # appends to one session between two prunings of its log
+
+
+class SqliteStore:
+    """:class:`Store` on one SQLite file (``<stateDir>/sessions.db``), WAL, ``synchronous=NORMAL``.
+
+    Use as ``async with SqliteStore(path) as store``. ``recover`` (called on entry) records the turns
+    a stopped bridge left running as failed (``BRIDGE_RESTARTED``) and returns the agent processes
+    it left behind.
+
+    Args:
+        path: the database file; its folder is created owner-only.
+        retention: what is kept.
+    """
+
+    def __init__(self, path: Path, retention: Retention | None = None) -> None:
+        self.path = path
+        self.retention = retention or Retention()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._readers = threading.local()
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_lock = threading.Lock()
+        self._appends: dict[tuple[str, str], int] = {}  # appends since the last pruning, per session
+        self.left_behind: list[tuple[int, float]] = []  # (pid, start time) of a gone owner's agents
+
+    # ---- lifetime ---------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SqliteStore:
+        await anyio.to_thread.run_sync(self._open)
+        self._writer = threading.Thread(target=self._write_loop, name="xworkmate-store", daemon=True)
+        self._writer.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue.put((_STOP, done))
+        with anyio.CancelScope(shield=True):
+            await asyncio.wrap_future(done)
+            with self._reader_lock:
+                for conn in self._reader_conns:
+                    conn.close()
+                self._reader_conns.clear()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        return conn
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        conn = self._connect()
+        try:
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only takes effect on a new file
+            conn.executescript(_SCHEMA)
+            with contextlib.suppress(OSError):
+                os.chmod(self.path, 0o600)
+            self._recover(conn)
+            self._prune_sessions(conn)
+        finally:
+            conn.close()
+
+    def _recover(self, conn: sqlite3.Connection) -> None:
+        now = time.time()
+        rows = conn.execute("SELECT principal, session_id, turn_id FROM turns WHERE ended_at IS NULL")
+        for principal, session_id, turn_id in rows.fetchall():
+            output = "".join(_deltas(conn, principal, session_id, turn_id))
+            result = {
+                "success": False,
+                "status": "failed",
+                "turnId": turn_id,
+                "sessionId": session_id,
+                "output": output,
+                "summary": output.strip()[:200],
+                "error": {"code": "BRIDGE_RESTARTED", "message": "the bridge stopped while the turn ran"},
+            }
+            conn.execute(
+                "UPDATE turns SET ended_at = ?, status = 'failed', result = ? "
+                "WHERE principal = ? AND session_id = ? AND turn_id = ?",
+                (now, _json(result), principal, session_id, turn_id),
+            )
+            log.info("turn %s of session %s was running when the bridge stopped", turn_id, session_id[:80])
+        self.left_behind = [
+            (pid, started)
+            for pid, started, owner, owner_started in conn.execute("SELECT * FROM processes").fetchall()
+            if not _alive(owner, owner_started)
+        ]
+
+    # ---- writes (queued) --------------------------------------------------------------------------
+
+    def _submit(self, op: _Op, done: concurrent.futures.Future[None] | None = None) -> None:
+        self._queue.put((op, done))
+
+    def save_session(self, record: SessionRecord) -> None:
+        values = (
+            record.principal,
+            record.session_id,
+            record.thread_id,
+            record.provider_id,
+            record.working_directory,
+            record.created_at,
+            record.updated_at,
+            _json(record.state).decode(),
+            _json(record.history).decode(),
+            int(record.closed),
+        )
+        self._submit(
+            lambda c: c.execute(
+                "INSERT INTO sessions (principal, session_id, thread_id, provider_id, working_directory, "
+                "created_at, updated_at, state, history, closed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (principal, session_id) DO UPDATE SET thread_id = excluded.thread_id, "
+                "provider_id = excluded.provider_id, working_directory = excluded.working_directory, "
+                "updated_at = excluded.updated_at, state = excluded.state, history = excluded.history, "
+                "closed = excluded.closed",
+                values,
+            )
+        )
+
+    def delete_session(self, principal: str, session_id: str) -> None:
+        self._appends.pop((principal, session_id), None)
+        self._submit(lambda c: _delete(c, principal, session_id))
+
+    def reserve_seq(self, principal: str, session_id: str, upto: int) -> concurrent.futures.Future[None]:
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(
+            lambda c: c.execute(
+                "UPDATE sessions SET seq_reserved = max(seq_reserved, ?), seq_exact = 0 "
+                "WHERE principal = ? AND session_id = ?",
+                (upto, principal, session_id),
+            ),
+            done,
+        )
+        return done
+
+    def close_log(self, principal: str, session_id: str, last_seq: int) -> None:
+        """A clean stop: the session continues right after ``last_seq`` (no block skipped)."""
+        self._submit(
+            lambda c: c.execute(
+                "UPDATE sessions SET seq_reserved = ?, seq_exact = 1 WHERE principal = ? AND session_id = ?",
+                (last_seq, principal, session_id),
+            )
+        )
+
+    def append_update(self, principal: str, session_id: str, seq: int, turn_id: str | None, body: bytes) -> None:
+        key = (principal, session_id)
+        count = self._appends.get(key, 0) + 1
+        prune = count >= _PRUNE_EVERY
+        self._appends[key] = 0 if prune else count
+        retention = self.retention
+
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
+                "INSERT OR REPLACE INTO updates (principal, session_id, seq, turn_id, body) VALUES (?, ?, ?, ?, ?)",
+                (principal, session_id, seq, turn_id, body),
+            )
+            if prune:
+                _prune_log(c, principal, session_id, seq, retention)
+
+        self._submit(op)
+
+    def save_turn(self, principal: str, session_id: str, turn: TurnRecord) -> None:
+        keep = self.retention.max_turn_results
+        values = (
+            principal,
+            session_id,
+            turn.turn_id,
+            turn.started_at,
+            turn.ended_at,
+            turn.status,
+            turn.summary,
+            None if turn.result is None else _json(turn.result),
+        )
+
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
+                "INSERT OR REPLACE INTO turns (principal, session_id, turn_id, started_at, ended_at, status, "
+                "summary, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+            c.execute(
+                "DELETE FROM turns WHERE principal = ? AND session_id = ? AND turn_id NOT IN (SELECT turn_id "
+                "FROM turns WHERE principal = ? AND session_id = ? ORDER BY started_at DESC LIMIT ?)",
+                (principal, session_id, principal, session_id, keep),
+            )
+
+        self._submit(op)
+
+    def record_process(self, pid: int, started: float) -> None:
+        """An agent process this bridge started (found and ended at the next start if this
+        bridge dies without ending it)."""
+        me, me_started = os.getpid(), _start_time(os.getpid()) or 0.0
+        self._submit(
+            lambda c: c.execute("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?)", (pid, started, me, me_started))
+        )
+
+    def forget_process(self, pid: int, started: float) -> None:
+        self._submit(lambda c: c.execute("DELETE FROM processes WHERE pid = ? AND started = ?", (pid, started)))
+
+    def prune(self) -> None:
+        """Prune idle sessions and keep the file under its bound (in the writer, off the loop)."""
+        self._submit(self._prune_sessions)
+
+    async def flush(self) -> None:
+        """Until every write queued before this call is committed."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(lambda c: None, done)
+        await asyncio.wrap_future(done)
+
+    def _write_loop(self) -> None:
+        conn = self._connect()
+        try:
+            while True:
+                group = [self._queue.get()]
+                while True:  # whatever else is queued goes in the same transaction
+                    try:
+                        group.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                stop = next((done for op, done in group if op is _STOP), None)
+                self._commit(conn, [(op, done) for op, done in group if op is not _STOP])
+                if stop is not None:
+                    stop.set_result(None)
+                    return
+        finally:
+            conn.close()
+
+    def _commit(
+        self, conn: sqlite3.Connection, group: Sequence[tuple[_Op, concurrent.futures.Future[None] | None]]
+    ) -> None:
+        try:
+            conn.execute("BEGIN")
+            for op, _ in group:
+                op(conn)
+            conn.execute("COMMIT")
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            log.exception("the session store could not commit %d writes; retrying them one by one", len(group))
+            for op, done in group:
+                try:
+                    conn.execute("BEGIN")
+                    op(conn)
+                    conn.execute("COMMIT")
+                except Exception as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    log.error("the session store dropped a write: %s", exc)
+                    if done is not None and not done.done():
+                        done.set_exception(exc)
+        for _, done in group:
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def _prune_sessions(self, conn: sqlite3.Connection) -> None:
+        cutoff = time.time() - self.retention.session_retention
+        for principal, session_id in conn.execute(
+            "SELECT principal, session_id FROM sessions WHERE updated_at < ?", (cutoff,)
+        ).fetchall():
+            _delete(conn, principal, session_id)
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        while conn.execute("PRAGMA page_count").fetchone()[0] * page_size > self.retention.max_bytes:
+            oldest = conn.execute("SELECT principal, session_id FROM sessions ORDER BY updated_at LIMIT 1").fetchone()
+            if oldest is None:
+                break
+            _delete(conn, *oldest)
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+            conn.execute("PRAGMA incremental_vacuum")
+            log.info("state database over stateMaxBytes: pruned session %s", oldest[1][:80])
+
+    # ---- reads (worker threads) -------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._readers, "conn", None)
+        if conn is None:
+            conn = self._readers.conn = self._connect()
+            with self._reader_lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        return await anyio.to_thread.run_sync(lambda: fn(self._reader()))
+
+    async def load_session(self, principal: str, session_id: str) -> SessionRecord | None:
+        def read(c: sqlite3.Connection) -> SessionRecord | None:
+            row = c.execute(
+                "SELECT thread_id, provider_id, working_directory, created_at, updated_at, state, history, "
+                "closed, seq_reserved, seq_exact, (SELECT max(seq) FROM updates u WHERE u.principal = s.principal "
+                "AND u.session_id = s.session_id) FROM sessions s WHERE principal = ? AND session_id = ?",
+                (principal, session_id),
+            ).fetchone()
+            return None if row is None else _session(principal, session_id, row)
+
+        return await self._read(read)
+
+    async def list_sessions(self, principal: str, before: tuple[float, str] | None, limit: int) -> list[SessionRecord]:
+        def read(c: sqlite3.Connection) -> list[SessionRecord]:
+            where, args = "principal = ?", [principal]
+            if before is not None:
+                where += " AND (updated_at < ? OR (updated_at = ? AND session_id < ?))"
+                args += [before[0], before[0], before[1]]
+            rows = c.execute(
+                "SELECT session_id, thread_id, provider_id, working_directory, created_at, updated_at, state, "
+                f"'[]', closed, seq_reserved, seq_exact, NULL FROM sessions WHERE {where} "
+                "ORDER BY updated_at DESC, session_id DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+            return [_session(principal, row[0], row[1:]) for row in rows]
+
+        return await self._read(read)
+
+    async def read_updates(
+        self, principal: str, session_id: str, after_seq: int, before_seq: int | None, limit: int
+    ) -> list[tuple[int, bytes]]:
+        def read(c: sqlite3.Connection) -> list[tuple[int, bytes]]:
+            return c.execute(
+                "SELECT seq, body FROM updates WHERE principal = ? AND session_id = ? AND seq > ? AND seq < ? "
+                "ORDER BY seq LIMIT ?",
+                (principal, session_id, after_seq, before_seq if before_seq is not None else 2**62, limit),
+            ).fetchall()
+
+        return await self._read(read)
+
+    async def first_seq(self, principal: str, session_id: str) -> int | None:
+        def read(c: sqlite3.Connection) -> int | None:
+            return c.execute(
+                "SELECT min(seq) FROM updates WHERE principal = ? AND session_id = ?", (principal, session_id)
+            ).fetchone()[0]
+
+        return await self._read(read)
+
+    async def turns(self, principal: str, session_id: str, limit: int) -> list[TurnRecord]:
+        def read(c: sqlite3.Connection) -> list[TurnRecord]:
+            rows = c.execute(
+                "SELECT turn_id, started_at, ended_at, status, summary FROM turns WHERE principal = ? "
+                "AND session_id = ? ORDER BY started_at DESC LIMIT ?",
+                (principal, session_id, limit),
+            ).fetchall()
+            return [TurnRecord(turn_id=r[0], started_at=r[1], ended_at=r[2], status=r[3], summary=r[4]) for r in rows]
+
+        return await self._read(read)
+
+    async def turn(self, principal: str, session_id: str, turn_id: str) -> TurnRecord | None:
+        def read(c: sqlite3.Connection) -> TurnRecord | None:
+            r = c.execute(
+                "SELECT turn_id, started_at, ended_at, status, summary, result FROM turns WHERE principal = ? "
+                "AND session_id = ? AND turn_id = ?",
+                (principal, session_id, turn_id),
+            ).fetchone()
+            if r is None:
+                return None
+            result = msgspec.json.decode(r[5]) if r[5] is not None else None
+            return TurnRecord(turn_id=r[0], started_at=r[1], ended_at=r[2], status=r[3], summary=r[4], result=result)
+
+        return await self._read(read)
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def _session(principal: str, session_id: str, row: Sequence[Any]) -> SessionRecord:
+    thread_id, provider_id, cwd, created, updated, state, history, closed, reserved, exact, max_seq = row
+    base = max(reserved or 0, max_seq or 0)
+    next_seq = base + 1 if exact or not reserved else base + SEQ_BLOCK + 1
+    return SessionRecord(
+        principal=principal,
+        session_id=session_id,
+        thread_id=thread_id,
+        provider_id=provider_id,
+        working_directory=cwd,
+        created_at=created,
+        updated_at=updated,
+        state=msgspec.json.decode(state),
+        history=[tuple(h) for h in msgspec.json.decode(history)],
+        closed=bool(closed),
+        next_seq=next_seq,
+    )
+
+
+def _delete(conn: sqlite3.Connection, principal: str, session_id: str) -> None:
+    for table in ("updates", "turns", "sessions"):
+        conn.execute(f"DELETE FROM {table} WHERE principal = ? AND session_id = ?", (principal, session_id))
+
+
+def _prune_log(conn: sqlite3.Connection, principal: str, session_id: str, seq: int, retention: Retention) -> None:
+    """Keep the last ``max_log_updates`` updates of the session, and of those at most
+    ``max_log_bytes`` (the newest)."""
+    conn.execute(
+        "DELETE FROM updates WHERE principal = ? AND session_id = ? AND seq <= ?",
+        (principal, session_id, seq - retention.max_log_updates),
+    )
+    row = conn.execute(
+        "SELECT seq FROM (SELECT seq, sum(length(body)) OVER (ORDER BY seq DESC) AS kept FROM updates "
+        "WHERE principal = ? AND session_id = ?) WHERE kept > ? ORDER BY seq DESC LIMIT 1",
+        (principal, session_id, retention.max_log_bytes),
+    ).fetchone()
+    if row is not None:
+        conn.execute(
+            "DELETE FROM updates WHERE principal = ? AND session_id = ? AND seq <= ?", (principal, session_id, row[0])
+        )
+
+
+def _deltas(conn: sqlite3.Connection, principal: str, session_id: str, turn_id: str) -> list[str]:
+    texts = []
+    for (body,) in conn.execute(
+        "SELECT body FROM updates WHERE principal = ? AND session_id = ? AND turn_id = ? ORDER BY seq",
+        (principal, session_id, turn_id),
+    ):
+        update = msgspec.json.decode(body)
+        if update.get("type") == "delta" and isinstance(update.get("delta"), str):
+            texts.append(update["delta"])
+    return texts
+
+
+def _start_time(pid: int) -> float | None:
+    """When ``pid`` started (psutil's ``create_time``), or None when it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, started: float) -> bool:
+    """``pid`` runs and is the same process (its start time matches, so a reused pid is not)."""
+    now = _start_time(pid)
+    return now is not None and abs(now - started) < 0.5
+
+
+async def end_left_behind(store: SqliteStore) -> int:
+    """End the process groups of the agents a bridge that is gone left behind (recorded with
+    :meth:`SqliteStore.record_process`), each checked by pid and start time so a reused pid is
+    never signalled; returns how many were ended."""
+
+    def end() -> int:
+        import signal
+
+        ended = 0
+        for pid, started in store.left_behind:
+            if _alive(pid, started):
+                with contextlib.suppress(OSError):
+                    if os.getpgid(pid) == pid:  # it still leads its own group: end the group
+                        os.killpg(pid, signal.SIGKILL)
+                    else:
+                        os.kill(pid, signal.SIGKILL)
+                    ended += 1
+                    log.info("ended agent process %d left behind by a bridge that is gone", pid)
+            store.forget_process(pid, started)
+        store.left_behind = []
+        return ended
+
+    return await anyio.to_thread.run_sync(end)
