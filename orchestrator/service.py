@@ -23,6 +23,7 @@ from msgspec import UNSET, UnsetType
 from bridge.rpc.codec import loads
 from bridge.rpc.errors import InvalidParams, NotFound
 from compat.base import Attachment, ProviderSession
+from compat.process import descendants
 from compat.settings import Limits, Timeouts
 from orchestrator import artifacts, attachments
 from orchestrator.machine import Trigger
@@ -126,6 +127,7 @@ class Orchestrator:
             limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token, store=store
         )
         self._loading: dict[tuple[str, str], anyio.Event] = {}
+        self._unobserve: Callable[[], None] = lambda: None
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
         self._capabilities: tuple[Any, CapabilitiesResult] | None = None
@@ -145,6 +147,7 @@ class Orchestrator:
         if self.store is not None:
             await self.store.__aenter__()
             await end_left_behind(self.store)
+            self._unobserve = descendants.observe(self.store.record_process, self.store.forget_process)
         if self.knowledge is not None:
             await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
@@ -186,6 +189,7 @@ class Orchestrator:
                 if self.knowledge is not None:
                     await self.knowledge.__aexit__(None, None, None)
                 if self.store is not None:
+                    self._unobserve()
                     await self.store.__aexit__(None, None, None)
 
     # ---- capabilities and routing ------------------------------------------------------------------
@@ -449,6 +453,7 @@ class Orchestrator:
     async def _fetch(self, principal: str, session_id: str, loaded: anyio.Event) -> None:
         assert self.store is not None
         try:
+            await self.store.flush()  # what this process wrote (an unloaded session's last turn) is readable
             record = await self.store.load_session(principal, session_id)
             if record is not None and self.sessions.get(session_id, principal) is None:
                 self.sessions.open(session_id, principal, record.thread_id, record=record)
@@ -546,7 +551,9 @@ class Orchestrator:
         store = self.store
         for _ in range(64):  # each pass catches up with what was appended meanwhile
             kept = session.log.first_kept
-            if store is None or kept is None or cursor >= kept - 1:
+            if kept is None:  # nothing in memory (a session loaded again): the store has it all
+                kept = session.log.last_seq + 1
+            if store is None or cursor >= kept - 1:
                 break
             await store.flush()
             rows = await store.read_updates(session.owner, session.session_id, cursor, kept, REPLAY_CHUNK)
@@ -700,6 +707,7 @@ class Orchestrator:
         """The table forgot ``session`` (idle): its agent process ends and its files go, in the
         background."""
         assert self._tg is not None
+        session.close_log()  # unloaded, not deleted: loaded again, it continues right after its last seq
         self._tg.start_soon(self._end_provider_session, session)
         self._tg.start_soon(self._remove_files, session)
 

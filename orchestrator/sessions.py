@@ -23,11 +23,10 @@ from bridge.rpc.codec import dumps
 from bridge.rpc.errors import LimitReached, SessionBusy
 from compat.base import ProviderSession
 from orchestrator.machine import Trigger
-from orchestrator.store import SEQ_BLOCK, SessionRecord, Store, TurnRecord
+from orchestrator.store import HISTORY_KEPT, SEQ_BLOCK, SessionRecord, Store, TurnRecord
 
 log = logging.getLogger(__name__)
 Subscriber = Callable[[dict[str, Any]], None]
-HISTORY_KEPT = 50  # (role, text) entries per session
 
 
 class QueuedTurn(Protocol):
@@ -321,7 +320,9 @@ class Session:
         import msgspec
 
         if result is None:
-            record = TurnRecord(turn_id=turn.turn_id, started_at=turn.started_at, ended_at=None, status="running")
+            record = TurnRecord(
+                turn_id=turn.turn_id, started_at=turn.started_at, ended_at=None, status="running", prompt=turn.prompt
+            )
         else:
             record = TurnRecord(
                 turn_id=turn.turn_id,

@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS turns (
     status TEXT NOT NULL,
     summary TEXT NOT NULL DEFAULT '',
     result BLOB,
+    prompt TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (principal, session_id, turn_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS updates (
@@ -109,6 +110,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     status: str
     summary: str = ""
     result: dict[str, Any] | None = None
+    prompt: str = ""  # kept while it runs: a restart adds it, with the output so far, to the history
 
 
 class Store(Protocol):
@@ -211,9 +213,10 @@ class SqliteStore:
 
     def _recover(self, conn: sqlite3.Connection) -> None:
         now = time.time()
-        rows = conn.execute("SELECT principal, session_id, turn_id FROM turns WHERE ended_at IS NULL")
-        for principal, session_id, turn_id in rows.fetchall():
+        rows = conn.execute("SELECT principal, session_id, turn_id, prompt FROM turns WHERE ended_at IS NULL")
+        for principal, session_id, turn_id, prompt in rows.fetchall():
             output = "".join(_deltas(conn, principal, session_id, turn_id))
+            _add_history(conn, principal, session_id, [("user", prompt)] + ([("assistant", output)] if output else []))
             result = {
                 "success": False,
                 "status": "failed",
@@ -318,12 +321,13 @@ class SqliteStore:
             turn.status,
             turn.summary,
             None if turn.result is None else _json(turn.result),
+            turn.prompt if turn.result is None else "",
         )
 
         def op(c: sqlite3.Connection) -> None:
             c.execute(
                 "INSERT OR REPLACE INTO turns (principal, session_id, turn_id, started_at, ended_at, status, "
-                "summary, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "summary, result, prompt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
             c.execute(
@@ -334,16 +338,24 @@ class SqliteStore:
 
         self._submit(op)
 
-    def record_process(self, pid: int, started: float) -> None:
+    def record_process(self, pid: int) -> None:
         """An agent process this bridge started (found and ended at the next start if this
-        bridge dies without ending it)."""
-        me, me_started = os.getpid(), _start_time(os.getpid()) or 0.0
-        self._submit(
-            lambda c: c.execute("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?)", (pid, started, me, me_started))
-        )
+        bridge dies without ending it); its start time is read in the writer thread."""
+        me = os.getpid()
 
-    def forget_process(self, pid: int, started: float) -> None:
-        self._submit(lambda c: c.execute("DELETE FROM processes WHERE pid = ? AND started = ?", (pid, started)))
+        def op(c: sqlite3.Connection) -> None:
+            started, mine = _start_time(pid), _start_time(me)
+            if started is not None and mine is not None:
+                c.execute("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?)", (pid, started, me, mine))
+
+        self._submit(op)
+
+    def forget_process(self, pid: int, started: float | None = None) -> None:
+        """The agent ``pid`` was reaped (any start time when ``started`` is None)."""
+        if started is None:
+            self._submit(lambda c: c.execute("DELETE FROM processes WHERE pid = ?", (pid,)))
+        else:
+            self._submit(lambda c: c.execute("DELETE FROM processes WHERE pid = ? AND started = ?", (pid, started)))
 
     def prune(self) -> None:
         """Prune idle sessions and keep the file under its bound (in the writer, off the loop)."""
@@ -528,6 +540,21 @@ def _session(principal: str, session_id: str, row: Sequence[Any]) -> SessionReco
         closed=bool(closed),
         next_seq=next_seq,
     )
+
+
+HISTORY_KEPT = 50  # (role, text) entries of a session's conversation kept
+
+
+def _add_history(conn: sqlite3.Connection, principal: str, session_id: str, entries: list[tuple[str, str]]) -> None:
+    row = conn.execute(
+        "SELECT history FROM sessions WHERE principal = ? AND session_id = ?", (principal, session_id)
+    ).fetchone()
+    if row is not None:
+        history = [*msgspec.json.decode(row[0]), *entries][-HISTORY_KEPT:]
+        conn.execute(
+            "UPDATE sessions SET history = ? WHERE principal = ? AND session_id = ?",
+            (_json(history).decode(), principal, session_id),
+        )
 
 
 def _delete(conn: sqlite3.Connection, principal: str, session_id: str) -> None:

@@ -177,6 +177,11 @@ class Turn:
         return self.machine.state is TurnState.CANCELLING
 
     @property
+    def prompt(self) -> str:
+        """What the client asked (its stored record keeps it while the turn runs)."""
+        return self._spec.prompt
+
+    @property
     def output(self) -> str:
         """The text streamed so far (a chunk that came after the result included)."""
         return "".join(self._parts)

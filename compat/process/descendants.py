@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # psutil is imported with the first child, not at start (~6 ms, bench case 6)
@@ -79,17 +80,33 @@ def _set_subreaper() -> bool:
     return ok
 
 
+_observers: list[tuple[Callable[[int], None], Callable[[int], None]]] = []
+
+
+def observe(started: Callable[[int], None], reaped: Callable[[int], None]) -> Callable[[], None]:
+    """Call ``started(pid)`` for each child the bridge starts and ``reaped(pid)`` once its owner
+    reaped it (the session store records them, so a bridge killed with ``kill -9`` has its agents
+    ended at its next start). Returns the function that stops it."""
+    pair = (started, reaped)
+    _observers.append(pair)
+    return lambda: _observers.remove(pair) if pair in _observers else None
+
+
 def register(pid: int) -> None:
     """``pid`` is a child the bridge started, leading its own process group."""
     with _lock:
         _leaders.add(pid)
         _groups.add(pid)
+    for started, _ in tuple(_observers):
+        started(pid)
 
 
 def unregister(pid: int) -> None:
     """The child ``pid`` was reaped by its owner (its group may live on in descendants)."""
     with _lock:
         _leaders.discard(pid)
+    for _, reaped in tuple(_observers):
+        reaped(pid)
 
 
 def is_ours(group: int) -> bool:
