@@ -78,7 +78,9 @@ def build_app(config: BridgeConfig) -> Any:
                 finally:
                     tg.cancel_scope.cancel()
 
-    return create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp)
+    app = create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp)
+    app.on_stopping.append(lambda: orch.drain(config.timeouts.shutdown_grace))
+    return app
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -109,10 +111,10 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
     _setup_logging(config)
 
     async def main() -> None:
-        async with running_orchestrator(config) as (_orch, dispatcher), anyio.create_task_group() as tg:
+        async with running_orchestrator(config) as (orch, dispatcher), anyio.create_task_group() as tg:
             freeze_heap()
             tg.start_soon(preload)
-            await serve_stdio(dispatcher, limits=config.limits)
+            await serve_stdio(dispatcher, limits=config.limits, on_eof=lambda: orch.drain(0))
             tg.cancel_scope.cancel()
 
     anyio.run(main)

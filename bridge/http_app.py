@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
@@ -38,7 +38,7 @@ from bridge.connections import ConnectionGuard, connection_guard
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc import codec
 from bridge.rpc.codec import Frame, parse_frame
-from bridge.rpc.errors import InvalidRequest, NotFound, OriginNotAllowed, ParseError, Unauthorized
+from bridge.rpc.errors import InvalidRequest, LimitReached, NotFound, OriginNotAllowed, ParseError, Unauthorized
 from bridge.rpc.stream import EnvelopeStream
 from bridge.ws import AcpWebSocket
 
@@ -116,12 +116,26 @@ class BridgeApp:
         starlette: the Starlette app behind it.
         connections: the limits met before the app (``bridge.connections``); ``bridge.server``
             gives uvicorn its protocol classes.
+        on_stopping: run (in order) when the server begins to stop, before it closes connections
+            (``bridge.server.BridgeServer.shutdown``): the orchestrator lets running turns end.
+        stopping: set then; new requests are answered 503 (-32006) and closed.
     """
 
     def __init__(self, starlette: Starlette, acp: AcpWebSocket, connections: ConnectionGuard) -> None:
         self.starlette = starlette
         self.connections = connections
         self._acp = acp
+        self.on_stopping: list[Callable[[], Awaitable[None]]] = []
+        self.stopping = False
+
+    async def stop(self) -> None:
+        """The server begins to stop: refuse new requests, then run :attr:`on_stopping`."""
+        self.stopping = True
+        for hook in self.on_stopping:
+            try:
+                await hook()
+            except Exception:
+                log.exception("a shutdown hook failed")
 
     @property
     def router(self) -> Any:
@@ -130,6 +144,10 @@ class BridgeApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.starlette(scope, receive, send)
+            return
+        if self.stopping and scope["type"] == "http":
+            error = LimitReached("the bridge is stopping; retry when it is back", limit="shutdown")
+            await rejection(503, error, {"Connection": "close", "Retry-After": "5"})(scope, receive, send)
             return
         client = scope.get("client")
         self.connections.request_started(client)  # its headers are complete: no header timeout now

@@ -31,9 +31,10 @@ from bridge.auth import check_exposure
 from bridge.config import BridgeConfig
 from bridge.connections import ConnectionGuard, connection_guard, raise_open_files_limit
 
-GRACEFUL_SHUTDOWN_TIMEOUT = 10
-"""Seconds uvicorn waits for open requests and sockets on shutdown before cancelling them."""
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACEFUL_SHUTDOWN_TIMEOUT = 2
+"""Seconds uvicorn waits for open requests and sockets on shutdown before cancelling them; the
+running turns have already ended by then (``BridgeServer.shutdown``)."""
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 log = logging.getLogger("xworkmate_bridge")
 
 
@@ -144,6 +145,17 @@ class BridgeServer(uvicorn.Server):
                 host, port = sock.getsockname()[:2]
                 url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
                 log.info("xworkmate-bridge %s listening on %s", __version__, url)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop (docs/api.md "Graceful shutdown"): the app refuses new requests and lets running
+        turns end (``BridgeApp.stop``: a ``bridge_stopping`` update, ``shutdownGrace``, then they
+        are cancelled), so every SSE response ends with its result and a clean end of the body;
+        then uvicorn's shutdown closes WebSockets with 1012 and the lifespan ends every agent and
+        closes the session store."""
+        stop = getattr(self.config.app, "stop", None)  # the app we gave uvicorn.Config (BridgeApp)
+        if stop is not None:
+            await stop()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

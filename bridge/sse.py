@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import AppStatus
 from starlette.types import Receive, Scope, Send
 
 from bridge.connections import ConnectionGuard
@@ -21,6 +22,12 @@ from bridge.rpc.codec import Frame
 from bridge.rpc.stream import EnvelopeStream
 
 log = logging.getLogger(__name__)
+
+# sse-starlette ends every stream as soon as uvicorn is told to exit; the bridge ends its own: its
+# running turns get shutdownGrace, then each SSE response ends with its result and [DONE]
+# (bridge.server.BridgeServer.shutdown). Streams still open after that are cut by uvicorn's
+# graceful-shutdown timeout.
+AppStatus.disable_automatic_graceful_drain()
 
 
 DROP_ABORT_AFTER = 5.0  # seconds after a slow client is dropped until its socket is aborted

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -133,8 +133,10 @@ async def serve_stdio(
     stdin: ByteSource | None = None,
     stdout: ByteSink | None = None,
     limits: Limits,
+    on_eof: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve JSON-RPC on a pair of byte streams until EOF on ``stdin``.
+    """Serve JSON-RPC on a pair of byte streams until EOF on ``stdin``, then until the requests
+    in flight are answered.
 
     Args:
         dispatcher: runs the frames; the principal is ``local``.
@@ -144,17 +146,28 @@ async def serve_stdio(
         limits: ``max_message_bytes`` per input message; ``max_connection_queue`` envelopes (and
             ``max_connection_queue_bytes``) may wait for stdout before the bridge gives up on a
             reader that stopped reading.
+        on_eof: awaited at EOF, before the requests in flight are waited for: ``acp-stdio``'s
+            editor is gone, so its running turns are cancelled (and recorded as such) rather than
+            left running (docs/api.md "Graceful shutdown").
     """
     if stdin is not None and stdout is not None:
-        await _StdioLink(dispatcher, stdin, stdout, limits).run()
+        await _StdioLink(dispatcher, stdin, stdout, limits, on_eof).run()
         return
     async with stdio_streams() as (process_in, process_out):
-        await _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits).run()
+        await _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits, on_eof).run()
 
 
 class _StdioLink:
-    def __init__(self, dispatcher: Dispatcher, stdin: ByteSource, stdout: ByteSink, limits: Limits) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        stdin: ByteSource,
+        stdout: ByteSink,
+        limits: Limits,
+        on_eof: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._dispatcher, self._stdout, self._limit = dispatcher, stdout, limits.max_message_bytes
+        self._on_eof = on_eof
         self._reader = FrameReader(stdin, limits.max_message_bytes)
         self._outbox = Outbox(limits.max_connection_queue, limits.max_connection_queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
@@ -171,6 +184,8 @@ class _StdioLink:
                 try:
                     async with anyio.create_task_group() as requests:
                         await self._read_loop(requests)
+                        if self._on_eof is not None:
+                            await self._on_eof()
                 finally:
                     run_closers(self._closers)
                     self._outbox.close()  # every request finished: the writer drains, then ends

@@ -485,6 +485,7 @@ class Timeouts(Settings, frozen=True):
     header_timeout: Seconds = 10.0  # a connection's request headers must be complete by then
     agent_capacity_timeout: Seconds = 30.0  # a turn waits this long for one of maxLiveAgents
     session_retention: Seconds = 30 * 86400.0  # a stored session idle this long is pruned
+    shutdown_grace: Seconds = 5.0  # on SIGTERM/SIGINT/SIGHUP running turns get this long, then are cancelled
 
 
 class Limits(Settings, frozen=True):

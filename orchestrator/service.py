@@ -25,8 +25,8 @@ from bridge.rpc.errors import InvalidParams, NotFound
 from compat.base import Attachment, ProviderSession
 from compat.process import descendants
 from compat.settings import Limits, Timeouts
-from orchestrator import artifacts, attachments
-from orchestrator.machine import Trigger
+from orchestrator import artifacts, attachments, updates
+from orchestrator.machine import Trigger, TurnState
 from orchestrator.registry import ProviderRegistry
 from orchestrator.results import (
     AcceptedResult,
@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # pydantic: the handlers import the params models on first us
 log = logging.getLogger(__name__)
 Notify = Callable[[str, Any], None]
 SHUTDOWN_SLACK = 10.0  # seconds, past cancelGrace, that ending everything at shutdown may take
+_LIVE_STATES = (TurnState.STARTING, TurnState.RUNNING, TurnState.CANCELLING)
 REPLAY_CHUNK = 512  # updates read from the store at a time by a resuming subscriber
 REPLAY_BACKLOG = 4 * 1024 * 1024  # bytes a stream may have queued before a replay waits for it
 
@@ -191,6 +192,27 @@ class Orchestrator:
                 if self.store is not None:
                     self._unobserve()
                     await self.store.__aexit__(None, None, None)
+
+    async def drain(self, grace: float) -> None:
+        """The bridge begins to stop (docs/api.md "Graceful shutdown"): no turn starts from now;
+        each running turn's streams get a ``bridge_stopping`` status update; running turns get
+        ``grace`` seconds to end, then are stopped (``cancelled``, recorded as such) within
+        ``cancelGrace`` plus the kill. Never raises."""
+        self._closing = True
+        turns = [turn for session in self.sessions for turn in session.turns if isinstance(turn, Turn)]
+        message = f"the bridge is stopping; running turns get {grace:g} s to finish"
+        for turn in turns:
+            if turn.turn_id is not None and turn.machine.state in _LIVE_STATES:
+                turn.publish(updates.status("bridge_stopping", message))
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(grace):
+                for turn in turns:
+                    await turn.ended.wait()
+            with anyio.move_on_after(self.timeouts.cancel_grace + SHUTDOWN_SLACK):
+                for turn in turns:
+                    turn.stop(Trigger.SHUTDOWN)
+                for turn in turns:
+                    await turn.ended.wait()
 
     # ---- capabilities and routing ------------------------------------------------------------------
 

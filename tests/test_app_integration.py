@@ -150,18 +150,29 @@ def test_params_errors_are_32602_with_locations(tmp_path):
 
 
 def run_stdio(tmp_path: Path, payload: bytes) -> list[dict[str, Any]]:
+    """Send ``payload``, read up to the reply, then end the input (at EOF running turns are
+    cancelled: a client keeps stdin open until it has its answers)."""
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path)))
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "bridge.cli", "acp-stdio", "--config", str(cfg)],
-        input=payload,
-        capture_output=True,
-        timeout=45,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         cwd=tmp_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    assert done.returncode == 0, done.stderr.decode()
-    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(payload)
+    proc.stdin.flush()
+    lines: list[dict[str, Any]] = []
+    for line in proc.stdout:
+        lines.append(json.loads(line))
+        if "id" in lines[-1]:
+            break
+    _, err = proc.communicate(b"", timeout=45)
+    assert proc.returncode == 0, err.decode()
+    return lines
 
 
 def test_acp_stdio_runs_a_turn_with_newline_framing_and_exits_0_on_eof(tmp_path):

@@ -48,13 +48,18 @@ class Bridge:
     def __init__(self, tmp_path: Path, cfg: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        log = open(tmp_path / f"bridge-{self.port}.log", "w")
-        self.proc = subprocess.Popen(
-            [*BRIDGE, "serve", "--config", str(cfg), "--port", str(self.port), "--state-dir", str(tmp_path / "state")],
-            stdout=log,
-            stderr=log,
-            cwd=tmp_path,
-        )
+        argv = [
+            *BRIDGE,
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ]
+        with open(tmp_path / f"bridge-{self.port}.log", "w") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=tmp_path)
         deadline = time.monotonic() + READY
         while True:  # a bounded wait for the port
             try:
