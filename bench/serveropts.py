@@ -19,7 +19,7 @@ SERVER_OPTIONS: dict[str, Any] = {
     "ws_max_size": MAX_MESSAGE_BYTES,
     "ws_ping_interval": 20.0,
     "ws_ping_timeout": 20.0,
-    "timeout_graceful_shutdown": 10,
+    "timeout_graceful_shutdown": 2,
     "log_config": None,
     "access_log": False,
     "proxy_headers": False,

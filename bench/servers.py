@@ -84,6 +84,17 @@ def _bridge_knows(field: str) -> bool:
         return True
 
 
+def _bridge_has(module: str, text: str) -> bool:
+    """Whether the bridge under test's ``module`` mentions ``text`` (an older one refuses keys it
+    does not know)."""
+    if not BRIDGE_ROOT:
+        return True
+    try:
+        return text in (Path(BRIDGE_ROOT) / module).read_text(encoding="utf-8")
+    except OSError:
+        return True
+
+
 def bridge_config(workdir: Path, name: str, **extra: Any) -> Path:
     """Write a bridge config (JSON is YAML) with the ``fast`` provider and return its path."""
     config = {
@@ -93,6 +104,10 @@ def bridge_config(workdir: Path, name: str, **extra: Any) -> Path:
         "providers": {"fast": {"command": FAST_AGENT_ARGV[0], "args": FAST_AGENT_ARGV[1:]}},
         **extra,
     }
+    if _bridge_has("bridge/config.py", "state_dir"):  # a store of its own, new each run, as a new user's
+        config.setdefault("stateDir", str(workdir / f"state-{name}"))
+        if os.environ.get("BENCH_NO_STORE"):  # an A/B of the session store's cost
+            config["persistSessions"] = False
     path = workdir / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=1))
     return path
