@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: run test bench agents llmwiki profile-tools install lint clean
+.PHONY: run test bench soak agents llmwiki profile-tools install lint clean
 
 install: $(STAMP)
 
@@ -47,6 +47,10 @@ lint: install
 bench: install
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	bash scripts/bench.sh $(BENCH_ARGS)
+
+soak: install
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
