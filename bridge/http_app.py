@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 import bridge
 from bridge.auth import Authenticator, OriginPolicy, rejection
@@ -40,7 +41,7 @@ from bridge.rpc import codec
 from bridge.rpc.codec import Frame, parse_frame
 from bridge.rpc.errors import InvalidRequest, LimitReached, NotFound, OriginNotAllowed, ParseError, Unauthorized
 from bridge.rpc.stream import EnvelopeStream
-from bridge.ws import AcpWebSocket
+from bridge.ws import AcpWebSocket, deny
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +146,12 @@ class BridgeApp:
         if scope["type"] == "lifespan":
             await self.starlette(scope, receive, send)
             return
-        if self.stopping and scope["type"] == "http":
+        if self.stopping and scope["type"] in ("http", "websocket"):
             error = LimitReached("the bridge is stopping; retry when it is back", limit="shutdown")
-            await rejection(503, error, {"Connection": "close", "Retry-After": "5"})(scope, receive, send)
+            if scope["type"] == "http":
+                await rejection(503, error, {"Connection": "close", "Retry-After": "5"})(scope, receive, send)
+            else:
+                await deny(WebSocket(scope, receive, send), 503, error)
             return
         client = scope.get("client")
         self.connections.request_started(client)  # its headers are complete: no header timeout now

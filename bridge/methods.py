@@ -123,7 +123,7 @@ async def session_subscribe(orch: Orchestrator, params: Any, ctx: CallContext) -
     after = params.after_seq
     if after is None and ctx.last_event_id:  # SSE resume: Last-Event-ID is <sessionId>:<seq>
         session_id, _, seq = ctx.last_event_id.rpartition(":")
-        if session_id == params.session_id and seq.isdigit():
+        if session_id == params.session_id and seq.isascii() and seq.isdigit() and len(seq) <= 18:
             after = int(seq)
     return await orch.subscribe(params.session_id, ctx.principal, _listener(ctx), after, until_idle=ctx.until_idle)
 

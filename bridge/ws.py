@@ -87,14 +87,14 @@ class AcpWebSocket:
         frames go through the ASGI ``receive``/``send`` when given (see ``Connection``)."""
         origin = websocket.headers.get("origin")
         if not self._origins.allows_all(websocket.headers.getlist("origin")):
-            await _deny(websocket, 403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
+            await deny(websocket, 403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
             return
         try:
             principal, subprotocol = self._auth.authenticate_websocket(
                 websocket.headers.get("authorization"), websocket.scope.get("subprotocols", ())
             )
         except Unauthorized as exc:
-            await _deny(websocket, 401, exc, {"WWW-Authenticate": "Bearer"})
+            await deny(websocket, 401, exc, {"WWW-Authenticate": "Bearer"})
             return
         client = websocket.scope.get("client")
         guard = self._connections
@@ -114,7 +114,7 @@ class AcpWebSocket:
         await connection.run()
 
 
-async def _deny(websocket: WebSocket, status: int, error: RpcError, headers: dict[str, str] | None = None) -> None:
+async def deny(websocket: WebSocket, status: int, error: RpcError, headers: dict[str, str] | None = None) -> None:
     """Refuse the upgrade with ``status`` and a JSON envelope body (ASGI denial-response
     extension); servers without it can only answer a bare 403."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):

@@ -21,7 +21,7 @@ from anyio.abc import TaskGroup
 from msgspec import UNSET, UnsetType
 
 from bridge.rpc.codec import loads
-from bridge.rpc.errors import InvalidParams, NotFound
+from bridge.rpc.errors import InvalidParams, LimitReached, NotFound
 from compat.base import Attachment, ProviderSession
 from compat.process import descendants
 from compat.settings import Limits, Timeouts
@@ -128,6 +128,7 @@ class Orchestrator:
             limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token, store=store
         )
         self._loading: dict[tuple[str, str], anyio.Event] = {}
+        self._load_errors: dict[tuple[str, str], LimitReached] = {}
         self._unobserve: Callable[[], None] = lambda: None
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
@@ -466,10 +467,13 @@ class Orchestrator:
         key = (principal, session_id)
         loading = self._loading.get(key)
         if loading is None:
+            self._load_errors.pop(key, None)
             loading = self._loading[key] = anyio.Event()
             assert self._tg is not None, "use the Orchestrator as an async context manager"
             self._tg.start_soon(self._fetch, principal, session_id, loading)
         await loading.wait()
+        if (error := self._load_errors.get(key)) is not None:
+            raise error
         return self.sessions.get(session_id, principal)
 
     async def _fetch(self, principal: str, session_id: str, loaded: anyio.Event) -> None:
@@ -479,6 +483,8 @@ class Orchestrator:
             record = await self.store.load_session(principal, session_id)
             if record is not None and self.sessions.get(session_id, principal) is None:
                 self.sessions.open(session_id, principal, record.thread_id, record=record)
+        except LimitReached as exc:  # no room to load it (maxSessionsPerToken, all busy): -32006
+            self._load_errors[(principal, session_id)] = exc
         except Exception:
             log.exception("loading session %s from the store failed", session_id[:80])
         finally:
@@ -565,34 +571,34 @@ class Orchestrator:
 
     async def _replay(self, session: Session, listener: Listener, after_seq: int) -> int | None:
         """Deliver the logged updates after ``after_seq``: from the store while the memory's tail
-        does not reach back that far, then from the tail; returns the first ``seq`` available when
-        updates after ``after_seq`` were already pruned. Ends synchronously with the tail, so the
-        caller attaches the listener with nothing in between."""
-        missed: int | None = None
-        cursor = after_seq
+        does not reach back that far, then from the tail. Returns the oldest ``seq`` kept when
+        updates after ``after_seq`` were already pruned (a jump in the numbering after a crash is
+        no gap: nothing was given in it). Ends synchronously with the tail, so the caller
+        attaches the listener with nothing in between."""
         store = self.store
+        oldest = session.log.first_kept
+        if store is not None:
+            await store.flush()
+            stored = await store.first_seq(session.owner, session.session_id)
+            oldest = stored if stored is not None else oldest
+        missed = oldest if oldest is not None and oldest > after_seq + 1 and after_seq < session.log.last_seq else None
+        cursor = after_seq
         for _ in range(64):  # each pass catches up with what was appended meanwhile
             kept = session.log.first_kept
             if kept is None:  # nothing in memory (a session loaded again): the store has it all
-                kept = session.log.last_seq + 1
+                kept = session.log.numbered + 1
             if store is None or cursor >= kept - 1:
                 break
             await store.flush()
             rows = await store.read_updates(session.owner, session.session_id, cursor, kept, REPLAY_CHUNK)
             if not rows:
-                missed = missed or kept
                 cursor = kept - 1
                 break
-            if rows[0][0] > cursor + 1 and missed is None:
-                missed = rows[0][0]
             for seq, body in rows:
                 listener.deliver(loads(body))
                 cursor = seq
             while listener.backlog() > REPLAY_BACKLOG:  # let the stream drain before the next chunk
                 await anyio.sleep(0.01)
-        kept = session.log.first_kept
-        if kept is not None and kept > cursor + 1 and missed is None:
-            missed = kept
         for _seq, body in session.log.kept_after(cursor):
             listener.deliver(loads(body))
         return missed
@@ -655,8 +661,9 @@ class Orchestrator:
                 )
             more = len(records) > limit
         else:
+            offset = int(before[0]) if before is not None else 0  # memory only: a cursor is an offset
             live = sorted((s for s in self.sessions if s.owner == principal), key=lambda s: s.last_active, reverse=True)
-            for session in live[:limit]:
+            for session in live[offset : offset + limit]:
                 entries.append(
                     SessionListEntry(
                         session_id=session.session_id,
@@ -667,6 +674,8 @@ class Orchestrator:
                         updated_at=session.created_at,
                     )
                 )
+            if len(live) > offset + limit:
+                return SessionListResult(sessions=entries, next_cursor=_encode(float(offset + limit), ""))
             more = False
         last = entries[-1] if entries and more else None
         return SessionListResult(sessions=entries, next_cursor=_encode_cursor(last) if last else None)
@@ -811,9 +820,13 @@ def unavailable_result(session: Session, resolution: Resolution, cwd: str) -> Un
 
 
 def _encode_cursor(entry: SessionListEntry) -> str:
+    return _encode(entry.updated_at, entry.session_id)
+
+
+def _encode(updated_at: float, session_id: str) -> str:
     import base64
 
-    raw = msgspec.json.encode([entry.updated_at, entry.session_id])
+    raw = msgspec.json.encode([updated_at, session_id])
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

@@ -80,6 +80,9 @@ class Listener(Protocol):
 
 
 _anonymous = itertools.count(1)
+STORED_ENTRY_CHARS = 64 * 1024
+"""Characters of each history entry stored (an answer can be maxOutputBytes long; a restored
+conversation is given to an agent as its latest 64 KiB)."""
 
 
 class StreamListener:
@@ -154,10 +157,12 @@ class UpdateLog:
         max_bytes: int = 128 * 1024,
         *,
         first_seq: int = 1,
+        last_seq: int = 0,
         persist: Callable[[int, str | None, bytes], None] | None = None,
         reserve: Callable[[int], object] | None = None,
     ) -> None:
-        self._seq = first_seq - 1
+        self._seq = first_seq - 1  # the last number given or skipped (after a crash, a block is)
+        self._last = last_seq  # the last update logged
         self._reserved = self._seq
         self._recent: deque[tuple[int, bytes]] = deque()  # (seq, the update's JSON)
         self._capacity = capacity
@@ -169,6 +174,12 @@ class UpdateLog:
 
     @property
     def last_seq(self) -> int:
+        """The ``seq`` of the last update logged (0 before any)."""
+        return self._last
+
+    @property
+    def numbered(self) -> int:
+        """The last ``seq`` given or skipped: the next update gets a greater one."""
         return self._seq
 
     @property
@@ -183,6 +194,7 @@ class UpdateLog:
             self._reserved = max(self._reserved, self._seq) + SEQ_BLOCK
             self._reserve(self._reserved)
         self._seq += 1
+        self._last = self._seq
         params["seq"] = self._seq
         # A copy of exactly the encoded length: orjson returns its working buffer unshrunk (4 KiB
         # for a 150-byte update), so the log would hold about 30 times its ``max_bytes``.
@@ -285,6 +297,7 @@ class Session:
         else:
             self.log = UpdateLog(
                 first_seq=record.next_seq if record is not None else 1,
+                last_seq=record.last_seq if record is not None else 0,
                 persist=lambda seq, turn_id, body: store.append_update(owner, session_id, seq, turn_id, body),
                 reserve=lambda upto: store.reserve_seq(owner, session_id, upto),
             )
@@ -337,8 +350,8 @@ class Session:
     def close_log(self) -> None:
         """The bridge stops cleanly (or the session closed): the next ``seq`` after a restart
         is the next one, no block skipped."""
-        if self.store is not None and self.log.last_seq:
-            self.store.close_log(self.owner, self.session_id, self.log.last_seq)
+        if self.store is not None and self.log.numbered:
+            self.store.close_log(self.owner, self.session_id, self.log.numbered)
 
     def save(self) -> None:
         """Hand the session's record (history, state, provider) to the store (queued)."""
@@ -354,7 +367,8 @@ class Session:
                 created_at=self.created_at,
                 updated_at=time.time(),
                 state={k: v for k, v in self.state.items() if v is not None},
-                history=list(self.history),
+                # each entry's end (a new agent session is given the latest 64 KiB of it, at most)
+                history=[(role, text[-STORED_ENTRY_CHARS:]) for role, text in self.history],
                 closed=self.closed,
             )
         )

@@ -105,6 +105,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     history: list[tuple[str, str]] = []
     closed: bool = False
     next_seq: int = 1  # the first seq the session may use after loading
+    last_seq: int = 0  # the last seq it gave that the store kept
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -208,6 +209,7 @@ class SqliteStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before WAL: it takes effect on a new file only
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=OFF")
@@ -217,7 +219,6 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         conn = self._connect()
         try:
-            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only takes effect on a new file
             conn.executescript(_SCHEMA)
             with contextlib.suppress(OSError):
                 os.chmod(self.path, 0o600)
@@ -466,15 +467,21 @@ class SqliteStore:
         ).fetchall():
             _delete(conn, principal, session_id)
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-        while conn.execute("PRAGMA page_count").fetchone()[0] * page_size > self.retention.max_bytes:
+
+        def used() -> int:  # bytes in use: free pages wait for the vacuum
+            pages = (
+                conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
+            )
+            return pages * page_size
+
+        while used() > self.retention.max_bytes:
             oldest = conn.execute("SELECT principal, session_id FROM sessions ORDER BY updated_at LIMIT 1").fetchone()
             if oldest is None:
                 break
             _delete(conn, *oldest)
-            if conn.in_transaction:
-                conn.execute("COMMIT")
-            conn.execute("PRAGMA incremental_vacuum")
             log.info("state database over stateMaxBytes: pruned session %s", oldest[1][:80])
+        if conn.execute("PRAGMA freelist_count").fetchone()[0]:
+            conn.execute("PRAGMA incremental_vacuum").fetchall()  # gives the free pages back
 
     # ---- reads (worker threads) -------------------------------------------------------------------
 
@@ -594,6 +601,7 @@ def _session(principal: str, session_id: str, row: Sequence[Any]) -> SessionReco
         history=[tuple(h) for h in msgspec.json.decode(history)],
         closed=bool(closed),
         next_seq=next_seq,
+        last_seq=max_seq or 0,
     )
 
 

@@ -139,3 +139,16 @@ def test_subscribing_over_plain_http_answers_the_snapshot_but_is_no_subscription
         client.post("/acp/rpc", json=start("s1"))
         answer = client.post("/acp/rpc", json=call("session.subscribe", {"sessionId": "s1", "afterSeq": 0})).json()
     assert answer["result"]["subscribed"] is False and answer["result"]["state"]["sessionId"] == "s1"
+
+
+@pytest.mark.parametrize("last_event_id", ["s1:\u00b2", "s1:" + "9" * 5000, "other:3", "s1", ":"])
+def test_a_last_event_id_that_names_nothing_usable_is_ignored(tmp_path, last_event_id):
+    with TestClient(make_app(tmp_path)) as client:
+        client.post("/acp/rpc", json=start("s1"))
+        answer = client.post(
+            "/acp/rpc",
+            json=call("session.subscribe", {"sessionId": "s1"}),
+            headers={"Accept": "text/event-stream", "Last-Event-ID": last_event_id.encode("utf-8")},  # type: ignore[dict-item]
+        )
+    data = [orjson.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+    assert data[-1]["result"]["subscribed"] is True and len(data) == 1  # no replay, no error

@@ -19,7 +19,7 @@ import orjson
 import psutil
 import pytest
 import yaml
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.sessions.test_restart import BRIDGE, Bridge, gone, turn
@@ -81,6 +81,11 @@ def stream_then_stop(bridge: Bridge) -> tuple[float, list[psutil.Process], list[
         assert len(agents) >= 2  # the agent and its grandchild
         stopped_at = time.monotonic()
         bridge.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + GRACE
+        while httpx.get(f"{bridge.url}/api/ping", timeout=2).status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the bridge has begun to stop
+        with pytest.raises((InvalidStatus, OSError)):  # a new WebSocket is refused while it stops
+            connect(f"ws://127.0.0.1:{bridge.port}/acp", open_timeout=5).close()
         tail = list(lines)  # to the end of the body: it must end cleanly
     return stopped_at, agents, events, tail
 

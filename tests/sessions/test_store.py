@@ -4,11 +4,13 @@ write while others read, subscribers resume from any cursor, seq never repeats a
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.lowlevel
+import msgspec
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -83,7 +85,8 @@ async def test_fifty_concurrent_turns_while_another_stream_lists_and_subscribes(
             if stream.got:  # it subscribed from 0 while the turns ran: the whole log, once each
                 seqs = [u["seq"] for u in stream.got]
                 assert seqs == list(range(1, orch.sessions.get(session, "local").log.last_seq + 1))
-    assert listed and max(listed) == 50
+        assert len((await orch.list_sessions("local", None, 200)).sessions) == 50
+    assert listed
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no lock errors, no dropped write
 
 
@@ -165,3 +168,74 @@ async def test_a_session_unloaded_for_being_idle_is_loaded_again_with_its_log(tm
         assert answer.last_seq == last and [u["seq"] for u in stream.got] == list(range(1, last + 1))
         assert answer.state.turns[0].turn_id == first.turn_id
         assert orjson.loads(orjson.dumps(stream.got[-1]))["type"] == "done"
+
+
+async def test_pruning_past_state_max_bytes_keeps_the_newest_sessions_and_the_bound(tmp_path):
+    """The database over stateMaxBytes loses its least recently active sessions, only as many as
+    it takes (free pages are given back: they do not count)."""
+    from orchestrator.sessions import Session
+    from orchestrator.store import Retention
+
+    path = tmp_path / "sessions.db"
+    async with SqliteStore(path, Retention(max_bytes=300_000)) as store:
+        for i in range(12):
+            session = Session(f"s{i}", "local", f"s{i}", store=store)
+            for _ in range(20):
+                session.log.append({"type": "delta", "delta": "x" * 2000})
+            session.save()
+            await store.flush()
+        store.prune()
+        await store.flush()
+        kept = [r.session_id for r in await store.list_sessions("local", None, 100)]
+    assert 0 < len(kept) < 12 and "s11" in kept and "s0" not in kept  # the newest stay
+    async with SqliteStore(path, Retention(max_bytes=300_000)) as store:  # a restart prunes nothing more
+        assert [r.session_id for r in await store.list_sessions("local", None, 100)] == kept
+
+
+async def test_a_resume_from_before_a_crash_sees_no_gap_in_the_skipped_numbers(tmp_path):
+    from orchestrator.sessions import Session
+
+    path = tmp_path / "sessions.db"
+    async with SqliteStore(path) as store:
+        session = Session("s1", "local", "s1", store=store)
+        for _ in range(5):
+            session.log.append({"type": "delta", "delta": "x"})
+        await store.flush()  # killed here: no clean close
+    registry = ProviderRegistry({"fake": FakeAdapter("fake")}, {"fake"})
+    orch = Orchestrator(registry, [tmp_path.resolve()], Limits(), Timeouts(), store=SqliteStore(path))
+    async with in_background(orch):
+        stream = Stream("late")
+        answer = await orch.subscribe("s1", "local", stream.listener, 3, until_idle=False)
+        assert answer.last_seq == 5 and answer.gap is msgspec.UNSET  # nothing was given in the jump
+        assert [u["seq"] for u in stream.got] == [4, 5]
+        await orch.run_turn(params("echo again", "s1"), "local", stream.listener, start=False)
+        assert stream.got[-1]["seq"] > 5 + SEQ_BLOCK  # past the reserved block: never a seq twice
+
+
+async def test_session_get_past_the_principals_cap_is_a_limit_error_not_unknown(tmp_path):
+    from bridge.rpc.errors import LimitReached
+
+    async with in_background(orchestrator(tmp_path, max_sessions_per_token=1)) as orch:
+        await orch.run_turn(params("echo one", "s1"), "local", lambda *_: None, start=True)
+        assert orch.sessions.evict_idle(older_than=0) == 1
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(orch.run_turn, params("hang", "s2"), "local", lambda *_: None, start=True))
+            await anyio.wait_all_tasks_blocked()
+            try:
+                await orch.get("s1", "local")
+            except LimitReached as exc:
+                assert exc.code == -32006
+            else:
+                raise AssertionError("loading past maxSessionsPerToken must fail -32006")
+            orch.cancel("s2", "local")
+
+
+async def test_listing_without_a_store_pages_too(tmp_path):
+    registry = ProviderRegistry({"fake": FakeAdapter("fake")}, {"fake"})
+    async with in_background(Orchestrator(registry, [tmp_path.resolve()], Limits(), Timeouts())) as orch:
+        for i in range(3):
+            await orch.run_turn(params("echo x", f"s{i}"), "local", lambda *_: None, start=True)
+        first = await orch.list_sessions("local", None, 2)
+        rest = await orch.list_sessions("local", first.next_cursor, 2)
+    assert len(first.sessions) == 2 and first.next_cursor and len(rest.sessions) == 1 and rest.next_cursor is None
+    assert {s.session_id for s in first.sessions + rest.sessions} == {"s0", "s1", "s2"}
