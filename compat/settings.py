@@ -486,6 +486,7 @@ class Timeouts(Settings, frozen=True):
     agent_capacity_timeout: Seconds = 30.0  # a turn waits this long for one of maxLiveAgents
     session_retention: Seconds = 30 * 86400.0  # a stored session idle this long is pruned
     shutdown_grace: Seconds = 5.0  # on SIGTERM/SIGINT/SIGHUP running turns get this long, then are cancelled
+    disconnect_grace: Seconds = 0.0  # 0: a turn whose client left runs on; else it is cancelled this long after
 
 
 class Limits(Settings, frozen=True):

@@ -341,6 +341,8 @@ class Orchestrator:
         turn = Turn(self, session, spec)
         session.admit(turn, start=start)
         transient = self._listen(session, listener)
+        if self.timeouts.disconnect_grace > 0 and listener.closers is not None:
+            listener.closers.append(lambda: self._orphaned(session, turn))
         try:
             await self._preflight(resolution.resolved_provider_id, spec.extra)
             if self.workspace.is_remote(cwd):  # created here, for an admitted turn only
@@ -379,6 +381,25 @@ class Orchestrator:
             log_ = session.log
             listener.closers.append(lambda: log_.detach(listener.key))
         return False
+
+    def _orphaned(self, session: Session, turn: Turn) -> None:
+        """The stream that started ``turn`` closed (``disconnectGrace`` set): cancel the turn
+        when, that many seconds later, it still runs and no stream listens to its session."""
+        if turn.ended.is_set() or self._tg is None:
+            return
+
+        async def cancel_later() -> None:
+            with anyio.move_on_after(self.timeouts.disconnect_grace):
+                await turn.ended.wait()
+            if not turn.ended.is_set() and not session.log.listened:
+                log.info(
+                    "turn %s: its client left %gs ago and nobody listens; cancelling it",
+                    turn.turn_id,
+                    self.timeouts.disconnect_grace,
+                )
+                turn.stop(Trigger.CANCEL)
+
+        self._tg.start_soon(cancel_later)
 
     async def _with_artifacts(self, turn: Turn, result: TurnResult) -> TurnResult:
         """``result`` with the files the turn made as ``artifacts`` (after the provider's own)."""

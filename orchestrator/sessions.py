@@ -247,6 +247,11 @@ class UpdateLog:
             del self._audience[key]
 
     @property
+    def listened(self) -> bool:
+        """Some stream receives the session's updates."""
+        return bool(self._audience)
+
+    @property
     def subscribed(self) -> bool:
         """A stream subscribed with ``session.subscribe``."""
         return any(a.subscribed for a in self._audience.values())

@@ -5,6 +5,7 @@ and over SSE; two subscribers see the same sequence; the methods that read a ses
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import orjson
@@ -152,3 +153,16 @@ def test_a_last_event_id_that_names_nothing_usable_is_ignored(tmp_path, last_eve
         )
     data = [orjson.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
     assert data[-1]["result"]["subscribed"] is True and len(data) == 1  # no replay, no error
+
+
+def test_with_disconnect_grace_a_turn_nobody_listens_to_is_cancelled_after_it(tmp_path):
+    with TestClient(make_app(tmp_path, "slow", timeouts={"cancelGrace": 1, "disconnectGrace": 0.3})) as client:
+        with client.websocket_connect("/acp") as ws:
+            ws.send_text(json.dumps(start("s1", "go slowly")))
+            updates_until(ws, lambda u: u["type"] == "delta")
+        deadline = time.monotonic() + 20
+        while (got := client.post("/acp/rpc", json=call("session.get", {"sessionId": "s1"})).json()["result"])[
+            "state"
+        ] == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)  # the grace, then the cancel, run in the bridge's own time
+    assert got["turns"][0]["status"] == "cancelled"
