@@ -148,11 +148,12 @@ class Orchestrator:
     async def __aenter__(self) -> Orchestrator:
         if self.store is not None:
             await self.store.__aenter__()
-            await end_left_behind(self.store)
             self._unobserve = descendants.observe(self.store.record_process, self.store.forget_process)
         if self.knowledge is not None:
             await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
+        if self.store is not None:  # once the database is open: agents a killed bridge left behind
+            self._tg.start_soon(end_left_behind, self.store)
         await self.registry.start(self._tg)
         self._tg.start_soon(self._sweep_sessions)
         for task in self._background:

@@ -185,14 +185,22 @@ class SqliteStore:
         self._hand_over_at: asyncio.TimerHandle | None = None
         self._first_seq: dict[tuple[str, str], int] = {}
         self.left_behind: list[tuple[int, float]] = []  # (pid, start time) of a gone owner's agents
+        self._opened = threading.Event()
 
     # ---- lifetime ---------------------------------------------------------------------------------
 
     async def __aenter__(self) -> SqliteStore:
-        await anyio.to_thread.run_sync(self._open)
+        """Start the writer, which opens the database first (schema, recovery): the bridge is
+        ready meanwhile (bench case 6: opening a new database was 57 ms of ``serve``'s cold start);
+        reads wait for the opening, writes queue behind it."""
         self._writer = threading.Thread(target=self._write_loop, name="xworkmate-store", daemon=True)
         self._writer.start()
         return self
+
+    async def opened(self) -> None:
+        """Until the database is open (and the turns a stopped bridge left are recorded)."""
+        if not self._opened.is_set():
+            await anyio.to_thread.run_sync(self._opened.wait)
 
     async def __aexit__(self, *exc_info: Any) -> None:
         if self._hand_over_at is not None:
@@ -401,6 +409,12 @@ class SqliteStore:
         await asyncio.wrap_future(done)
 
     def _write_loop(self) -> None:
+        try:
+            self._open()
+        except Exception:  # every read and write then fails with the reason; the bridge runs on
+            log.exception("the session store %s could not be opened", self.path)
+        finally:
+            self._opened.set()
         conn = self._connect()
         try:
             while True:
@@ -494,6 +508,7 @@ class SqliteStore:
         return conn
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        await self.opened()
         return await anyio.to_thread.run_sync(lambda: fn(self._reader()))
 
     async def load_session(self, principal: str, session_id: str) -> SessionRecord | None:
@@ -689,6 +704,8 @@ async def end_left_behind(store: SqliteStore) -> int:
     """End the process groups of the agents a bridge that is gone left behind (recorded with
     :meth:`SqliteStore.record_process`), each checked by pid and start time so a reused pid is
     never signalled; returns how many were ended."""
+
+    await store.opened()
 
     def end() -> int:
         import signal
