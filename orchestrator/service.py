@@ -48,7 +48,7 @@ from orchestrator.results import (
 )
 from orchestrator.routing import Resolution, RoutingInput, resolve
 from orchestrator.sessions import Listener, Session, SessionTable, StreamListener
-from orchestrator.store import SqliteStore, end_left_behind
+from orchestrator.store import Store
 from orchestrator.turn import Turn, TurnInput, new_turn_id
 from orchestrator.workspace import Workspace
 
@@ -101,7 +101,7 @@ class Orchestrator:
         admin_principals: Sequence[str] = ("local",),
         remote_root: Path | None = None,
         remote_workspaces: bool = False,
-        store: SqliteStore | None = None,
+        store: Store | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -153,7 +153,7 @@ class Orchestrator:
             await self.knowledge.__aenter__()
         self._tg = await anyio.create_task_group().__aenter__()
         if self.store is not None:  # once the database is open: agents a killed bridge left behind
-            self._tg.start_soon(end_left_behind, self.store)
+            self._tg.start_soon(self.store.end_left_behind)
         await self.registry.start(self._tg)
         self._tg.start_soon(self._sweep_sessions)
         for task in self._background:

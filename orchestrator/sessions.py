@@ -146,7 +146,7 @@ class UpdateLog:
 
     Args:
         first_seq: the first ``seq`` to give (a session loaded from the store continues its own).
-        persist: ``persist(seq, turnId, json)`` for each update.
+        persist: ``persist(seq, json)`` for each update.
         reserve: ``reserve(upto)`` makes ``seq`` values up to ``upto`` durable before they are
             used (one block ahead).
     """
@@ -158,7 +158,7 @@ class UpdateLog:
         *,
         first_seq: int = 1,
         last_seq: int = 0,
-        persist: Callable[[int, str | None, bytes], None] | None = None,
+        persist: Callable[[int, bytes], None] | None = None,
         reserve: Callable[[int], object] | None = None,
     ) -> None:
         self._seq = first_seq - 1  # the last number given or skipped (after a crash, a block is)
@@ -200,7 +200,7 @@ class UpdateLog:
         # for a 150-byte update), so the log would hold about 30 times its ``max_bytes``.
         encoded = bytes(memoryview(dumps(params)))
         if self._persist is not None:
-            self._persist(self._seq, params.get("turnId"), encoded)
+            self._persist(self._seq, encoded)
         self._recent.append((self._seq, encoded))
         self._bytes += len(encoded)
         # The newest update always stays, even one larger than max_bytes on its own.
@@ -303,7 +303,7 @@ class Session:
             self.log = UpdateLog(
                 first_seq=record.next_seq if record is not None else 1,
                 last_seq=record.last_seq if record is not None else 0,
-                persist=lambda seq, turn_id, body: store.append_update(owner, session_id, seq, turn_id, body),
+                persist=lambda seq, body: store.append_update(owner, session_id, seq, body),
                 reserve=lambda upto: store.reserve_seq(owner, session_id, upto),
             )
         self.permissions: dict[str, PendingPermission] = {}  # requestId → a pending ``ask``

@@ -127,7 +127,7 @@ class Store(Protocol):
     def delete_session(self, principal: str, session_id: str) -> None: ...
     def reserve_seq(self, principal: str, session_id: str, upto: int) -> concurrent.futures.Future[None]: ...
     def close_log(self, principal: str, session_id: str, last_seq: int) -> None: ...
-    def append_update(self, principal: str, session_id: str, seq: int, turn_id: str | None, body: bytes) -> None: ...
+    def append_update(self, principal: str, session_id: str, seq: int, body: bytes) -> None: ...
     def save_turn(self, principal: str, session_id: str, turn: TurnRecord) -> None: ...
     async def flush(self) -> None: ...
     async def load_session(self, principal: str, session_id: str) -> SessionRecord | None: ...
@@ -138,6 +138,14 @@ class Store(Protocol):
         self, principal: str, session_id: str, after_seq: int, before_seq: int | None, limit: int
     ) -> list[tuple[int, bytes]]: ...
     async def first_seq(self, principal: str, session_id: str) -> int | None: ...
+    def record_process(self, pid: int) -> None: ...
+    def forget_process(self, pid: int, started: float | None = None) -> None: ...
+    def prune(self) -> None: ...
+    async def end_left_behind(self) -> int: ...
+    async def __aenter__(self) -> Store: ...
+    async def __aexit__(self, *exc_info: Any) -> None: ...
+    @property
+    def retention(self) -> Retention: ...
     async def turns(self, principal: str, session_id: str, limit: int) -> list[TurnRecord]: ...
     async def turn(self, principal: str, session_id: str, turn_id: str) -> TurnRecord | None: ...
 
@@ -183,7 +191,6 @@ class SqliteStore:
         self._appends: dict[tuple[str, str], int] = {}  # appends since the last pruning (the writer's)
         self._gathering: dict[tuple[str, str], list[bytes]] = {}  # lines not yet handed to the writer
         self._hand_over_at: asyncio.TimerHandle | None = None
-        self._first_seq: dict[tuple[str, str], int] = {}
         self.left_behind: list[tuple[int, float]] = []  # (pid, start time) of a gone owner's agents
         self._opened = threading.Event()
 
@@ -196,6 +203,12 @@ class SqliteStore:
         self._writer = threading.Thread(target=self._write_loop, name="xworkmate-store", daemon=True)
         self._writer.start()
         return self
+
+    async def end_left_behind(self) -> int:
+        """End the process groups of the agents a bridge that is gone left behind (recorded with
+        :meth:`record_process`), each checked by pid and start time so a reused pid is never
+        signalled, once the database is open; returns how many were ended."""
+        return await _end_left_behind(self)
 
     async def opened(self) -> None:
         """Until the database is open (and the turns a stopped bridge left are recorded)."""
@@ -318,16 +331,12 @@ class SqliteStore:
             )
         )
 
-    def append_update(self, principal: str, session_id: str, seq: int, turn_id: str | None, body: bytes) -> None:
+    def append_update(self, principal: str, session_id: str, seq: int, body: bytes) -> None:
         """Add one update (``body``, its JSON) to the session's log: gathered for :data:`LINGER`
         seconds with the session's next ones, then handed to the writer as one segment. Call it
         on the event loop, in ``seq`` order."""
         key = (principal, session_id)
-        lines = self._gathering.get(key)
-        if lines is None:
-            lines = self._gathering[key] = []
-            self._first_seq[key] = seq
-        lines.append(b"%d %s" % (seq, body))
+        self._gathering.setdefault(key, []).append(b"%d %s" % (seq, body))
         if self._hand_over_at is None:
             self._hand_over_at = asyncio.get_running_loop().call_later(LINGER, self._hand_over)
 
@@ -337,15 +346,8 @@ class SqliteStore:
         if not self._gathering:
             return
         gathered, self._gathering = self._gathering, {}
-        firsts, self._first_seq = self._first_seq, {}
         segments = [
-            (
-                principal,
-                session_id,
-                firsts[(principal, session_id)],
-                int(lines[-1].split(b" ", 1)[0]),
-                b"\n".join(lines),
-            )
+            (principal, session_id, _seq_of(lines[0]), _seq_of(lines[-1]), b"\n".join(lines))
             for (principal, session_id), lines in gathered.items()
         ]
         self._submit(lambda c: self._insert_segments(c, segments))
@@ -635,6 +637,10 @@ def _add_history(conn: sqlite3.Connection, principal: str, session_id: str, entr
         )
 
 
+def _seq_of(line: bytes) -> int:
+    return int(line.split(b" ", 1)[0])
+
+
 def _lines(lines: bytes) -> list[tuple[int, bytes]]:
     """A segment's ``(seq, json)`` pairs (JSON text never holds a raw newline)."""
     pairs = []
@@ -700,11 +706,7 @@ def _alive(pid: int, started: float) -> bool:
     return now is not None and abs(now - started) < 0.5
 
 
-async def end_left_behind(store: SqliteStore) -> int:
-    """End the process groups of the agents a bridge that is gone left behind (recorded with
-    :meth:`SqliteStore.record_process`), each checked by pid and start time so a reused pid is
-    never signalled; returns how many were ended."""
-
+async def _end_left_behind(store: SqliteStore) -> int:
     await store.opened()
 
     def end() -> int:
