@@ -540,7 +540,6 @@ class Orchestrator:
                 for t in stored
             ]
         state = "running" if session.busy else "closed" if session.closed else "idle"
-        title = (session.state.get("session_info_update") or {}).get("title")
         return SessionSnapshot(
             session_id=session.session_id,
             thread_id=session.thread_id,
@@ -551,7 +550,7 @@ class Orchestrator:
             turns=turns,
             last_seq=session.log.last_seq,
             created_at=session.created_at,
-            title=title if isinstance(title, str) else UNSET,
+            title=_title(session.state),
         )
 
     async def subscribe(
@@ -605,13 +604,14 @@ class Orchestrator:
             oldest = stored if stored is not None else oldest
         missed = oldest if oldest is not None and oldest > after_seq + 1 and after_seq < session.log.last_seq else None
         cursor = after_seq
-        for _ in range(64):  # each pass catches up with what was appended meanwhile
+        for passes in range(64):  # each pass catches up with what was appended meanwhile
             kept = session.log.first_kept
             if kept is None:  # nothing in memory (a session loaded again): the store has it all
                 kept = session.log.numbered + 1
             if store is None or cursor >= kept - 1:
                 break
-            await store.flush()
+            if passes:  # what was appended during the last pass (the first was flushed above)
+                await store.flush()
             rows = await store.read_updates(session.owner, session.session_id, cursor, kept, REPLAY_CHUNK)
             if not rows:
                 cursor = kept - 1
@@ -669,7 +669,6 @@ class Orchestrator:
             for record in records[:limit]:
                 live = self.sessions.get(record.session_id, principal)
                 state = "running" if live and live.busy else "closed" if record.closed else "idle"
-                title = (record.state.get("session_info_update") or {}).get("title")
                 entries.append(
                     SessionListEntry(
                         session_id=record.session_id,
@@ -678,7 +677,7 @@ class Orchestrator:
                         provider_id=record.provider_id,
                         created_at=record.created_at,
                         updated_at=record.updated_at,
-                        title=title if isinstance(title, str) else UNSET,
+                        title=_title(record.state),
                     )
                 )
             more = len(records) > limit
@@ -839,6 +838,12 @@ def unavailable_result(session: Session, resolution: Resolution, cwd: str) -> Un
         resolved_working_directory=cwd,
         **{f: getattr(wire, f) for f in _SHARED},
     )
+
+
+def _title(state: dict[str, Any]) -> str | UnsetType:
+    """The session's title, as the agent last reported it (ACP ``session_info_update``)."""
+    title = (state.get("session_info_update") or {}).get("title")
+    return title if isinstance(title, str) else UNSET
 
 
 def _encode_cursor(entry: SessionListEntry) -> str:

@@ -15,9 +15,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
+import msgspec
 
 from bridge.rpc.codec import dumps
 from bridge.rpc.errors import LimitReached, SessionBusy
@@ -27,6 +28,8 @@ from orchestrator.store import HISTORY_KEPT, SEQ_BLOCK, SessionRecord, Store, Tu
 
 log = logging.getLogger(__name__)
 Subscriber = Callable[[dict[str, Any]], None]
+How = Literal["subscribe", "stream", "turn"]
+"""Why a stream receives a session's updates (``UpdateLog.attach``)."""
 
 
 class QueuedTurn(Protocol):
@@ -215,7 +218,7 @@ class UpdateLog:
         """The updates in memory with ``seq > after_seq``, oldest first."""
         return [(seq, encoded) for seq, encoded in self._recent if seq > after_seq]
 
-    def attach(self, key: str, deliver: Subscriber, how: str) -> bool:
+    def attach(self, key: str, deliver: Subscriber, how: How) -> bool:
         """Deliver the next updates to ``key`` too, ``how``: ``subscribe`` (``session.subscribe``),
         ``stream`` (it started a turn: for the rest of the stream's life) or ``turn`` (while one
         turn runs). Returns whether ``key`` is new here (then the caller registers its end)."""
@@ -231,7 +234,7 @@ class UpdateLog:
             audience.turns += 1
         return new
 
-    def detach(self, key: str, how: str | None = None) -> None:
+    def detach(self, key: str, how: How | None = None) -> None:
         """End what ``attach(key, how=…)`` began; ``how`` None: everything of ``key`` (its stream
         closed)."""
         audience = self._audience.get(key)
@@ -315,13 +318,11 @@ class Session:
         self.active: QueuedTurn | None = None  # the turn that has (or is about to have) the session
         self._waiting: deque[QueuedTurn] = deque()
         self._admitted: dict[QueuedTurn, anyio.Event] = {}
+        self.provider_id_before = record.provider_id if record is not None else None  # of the stored conversation
         if record is not None:
-            self.provider_id_before = record.provider_id  # the provider of the stored conversation
             self.working_directory = record.working_directory
             self._history.extend(record.history)
             self.state.update(record.state)
-        else:
-            self.provider_id_before = None
         if store is not None and record is None:
             self.save()
 
@@ -335,8 +336,6 @@ class Session:
         (a ``TurnResult``)."""
         if self.store is None or not turn.turn_id:
             return
-        import msgspec
-
         if result is None:
             record = TurnRecord(
                 turn_id=turn.turn_id, started_at=turn.started_at, ended_at=None, status="running", prompt=turn.prompt
