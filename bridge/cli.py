@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -55,6 +55,7 @@ async def running_orchestrator(config: BridgeConfig) -> AsyncIterator[Any]:
 
 def build_app(config: BridgeConfig) -> Any:
     """The ASGI app with the orchestrator entered in its lifespan (one task enters and leaves it)."""
+    from bridge.acp_agent import AcpAgent
     from bridge.heap import freeze_heap, preload
     from bridge.http_app import create_app
     from bridge.methods import build_dispatcher
@@ -78,7 +79,10 @@ def build_app(config: BridgeConfig) -> Any:
                 finally:
                     tg.cancel_scope.cancel()
 
-    app = create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp)
+    def editor(write: Callable[[bytes], None], principal: str, connection_id: str) -> AcpAgent:
+        return AcpAgent(orch, principal, write, connection_id=connection_id)
+
+    app = create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp, editor=editor)
     app.on_stopping.append(lambda: orch.drain(config.timeouts.shutdown_grace))
     return app
 
@@ -105,6 +109,7 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
     from bridge.heap import freeze_heap, pause_gc_for_start, preload
 
     pause_gc_for_start()  # until freeze_heap, once the orchestrator has started
+    from bridge.acp_agent import AcpAgent
     from bridge.stdio import serve_stdio
 
     config = load_config(args.config, {"stateDir": args.state_dir})
@@ -114,7 +119,12 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
         async with running_orchestrator(config) as (orch, dispatcher), anyio.create_task_group() as tg:
             freeze_heap()
             tg.start_soon(preload)
-            await serve_stdio(dispatcher, limits=config.limits, on_eof=lambda: orch.drain(0))
+            await serve_stdio(
+                dispatcher,
+                limits=config.limits,
+                on_eof=lambda: orch.drain(0),
+                editor=lambda write: AcpAgent(orch, "local", write, connection_id="stdio"),
+            )
             tg.cancel_scope.cancel()
 
     anyio.run(main)

@@ -36,6 +36,7 @@ import bridge
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.config import BridgeConfig
 from bridge.connections import ConnectionGuard, connection_guard
+from bridge.dialect import WsEditorFactory
 from bridge.dispatch import CallContext, Dispatcher
 from bridge.rpc import codec
 from bridge.rpc.codec import Frame, parse_frame
@@ -65,6 +66,7 @@ def create_app(
     lifespan: Lifespan | None = None,
     bind_host: str | None = None,
     mcp_app: Any = None,
+    editor: WsEditorFactory | None = None,
 ) -> BridgeApp:
     """Build the bridge's ASGI app.
 
@@ -77,6 +79,8 @@ def create_app(
             configured, requests are allowed only when it is loopback (or
             ``allowInsecureNoAuth``).
         mcp_app: an ASGI app served at ``/mcp`` behind the same origin and token checks.
+        editor: builds the ACP agent for a WebSocket whose first message is an ACP
+            ``initialize`` (docs/api.md "Editor mode").
     """
     auth = Authenticator.from_config(config, bind_host=bind_host)
     origins = OriginPolicy(config.allowed_origins)
@@ -89,6 +93,7 @@ def create_app(
         queue_size=config.limits.max_connection_queue,
         queue_bytes=config.limits.max_connection_queue_bytes,
         connections=connections,
+        editor=editor,
     )
     routes = [
         Route("/acp/rpc", rpc),  # an ASGI app, so every method reaches it (405 is ours); hottest first

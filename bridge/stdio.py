@@ -22,10 +22,12 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal
 
 from bridge.config import Limits
+from bridge.dialect import EditorFactory, LineAgent, is_acp_initialize
 from bridge.dispatch import CallContext, Dispatcher, run_closers
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
@@ -134,6 +136,7 @@ async def serve_stdio(
     stdout: ByteSink | None = None,
     limits: Limits,
     on_eof: Callable[[], Awaitable[None]] | None = None,
+    editor: EditorFactory | None = None,
 ) -> None:
     """Serve JSON-RPC on a pair of byte streams until EOF on ``stdin``, then until the requests
     in flight are answered.
@@ -149,12 +152,17 @@ async def serve_stdio(
         on_eof: awaited at EOF, before the requests in flight are waited for: ``acp-stdio``'s
             editor is gone, so its running turns are cancelled (and recorded as such) rather than
             left running (docs/api.md "Graceful shutdown").
+        editor: builds the ACP agent that serves the process when its first message is an ACP
+            ``initialize`` (docs/api.md "Editor mode"); None keeps the bridge's own methods only.
     """
     if stdin is not None and stdout is not None:
-        await _StdioLink(dispatcher, stdin, stdout, limits, on_eof).run()
+        await _StdioLink(dispatcher, stdin, stdout, limits, on_eof, editor).run()
         return
     async with stdio_streams() as (process_in, process_out):
-        await _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits, on_eof).run()
+        await _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits, on_eof, editor).run()
+
+
+_TOO_LARGE = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: message too large"}}'
 
 
 class _StdioLink:
@@ -165,9 +173,11 @@ class _StdioLink:
         stdout: ByteSink,
         limits: Limits,
         on_eof: Callable[[], Awaitable[None]] | None = None,
+        editor: EditorFactory | None = None,
     ) -> None:
         self._dispatcher, self._stdout, self._limit = dispatcher, stdout, limits.max_message_bytes
         self._on_eof = on_eof
+        self._editor = editor
         self._reader = FrameReader(stdin, limits.max_message_bytes)
         self._outbox = Outbox(limits.max_connection_queue, limits.max_connection_queue_bytes)
         self._stream = EnvelopeStream(self._enqueue)
@@ -191,12 +201,46 @@ class _StdioLink:
                     self._outbox.close()  # every request finished: the writer drains, then ends
 
     async def _read_loop(self, requests: TaskGroup) -> None:
-        async for message in self._reader.messages():
-            if message is OVERSIZED:
-                error = InvalidRequest("Invalid Request: message too large", maxMessageBytes=self._limit)
-                self._stream.reply(Reply.from_error(None, error))
-            else:
-                self._dispatcher.serve_frame(message, self._stream, self._ctx, requests)
+        messages = aiter(self._reader.messages())
+        first = await anext(messages, None)
+        if first is not None and first is not OVERSIZED and self._editor is not None and is_acp_initialize(first):
+            await self._serve_editor(self._editor(self._write_line), first, messages)
+            return
+        if first is not None:
+            self._serve(first, requests)
+        async for message in messages:
+            self._serve(message, requests)
+
+    def _serve(self, message: Any, requests: TaskGroup) -> None:
+        if message is OVERSIZED:
+            error = InvalidRequest("Invalid Request: message too large", maxMessageBytes=self._limit)
+            self._stream.reply(Reply.from_error(None, error))
+        else:
+            self._dispatcher.serve_frame(message, self._stream, self._ctx, requests)
+
+    async def _serve_editor(self, agent: LineAgent, first: bytes, messages: AsyncIterator[Any]) -> None:
+        """The ACP dialect: plain JSON-RPC lines to and from ``agent`` until EOF; then the
+        editor's running turns are cancelled (``on_eof``) and answered."""
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(agent.run)
+                agent.feed(first)
+                async for message in messages:
+                    if message is OVERSIZED:
+                        self._enqueue(_TOO_LARGE)
+                    else:
+                        agent.feed(message)
+                if self._on_eof is not None:
+                    await self._on_eof()
+                    self._on_eof = None
+                with anyio.move_on_after(FLUSH_TIMEOUT):
+                    await agent.idle()
+                tg.cancel_scope.cancel()
+        finally:
+            run_closers(agent.closers)
+
+    def _write_line(self, line: bytes) -> None:
+        self._enqueue(line.removesuffix(b"\n"))
 
     async def _write_loop(self) -> None:
         try:

@@ -26,6 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bridge.auth import Authenticator, OriginPolicy, rejection
 from bridge.connections import ConnectionGuard
+from bridge.dialect import WsEditorFactory, is_acp_initialize
 from bridge.dispatch import CallContext, Dispatcher, run_closers
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
@@ -48,6 +49,7 @@ _PEER_GONE = (*_SEND_FAILURES, RuntimeError)
 """What a send raises once the peer is gone. RuntimeError: uvicorn's raw ASGI send after it already
 closed the socket (a frame with invalid UTF-8 right behind a request makes it send close 1007)."""
 _ids = itertools.count(1)
+_BINARY_REFUSED = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: binary frames are not supported; send text"}}'
 
 
 class AcpWebSocket:
@@ -71,7 +73,9 @@ class AcpWebSocket:
         queue_size: int,
         queue_bytes: int = 16 * 1024 * 1024,
         connections: ConnectionGuard | None = None,
+        editor: WsEditorFactory | None = None,
     ) -> None:
+        self._editor = editor
         self._dispatcher = dispatcher
         self._auth = auth
         self._origins = origins
@@ -110,6 +114,7 @@ class AcpWebSocket:
             receive=receive,
             send=send,
             on_drop=(lambda: guard.abort_later(client, DROP_ABORT_AFTER)) if guard is not None else None,
+            editor=self._editor,
         )
         await connection.run()
 
@@ -138,6 +143,8 @@ class Connection:
             frame and pass each send through its exception handling: bench case 4 relays 5,000
             updates a second, and those wrappers were a fifth of the bridge's time per update.
         on_drop: called when the client is dropped for not reading.
+        editor: builds the ACP agent that serves the socket when its first text frame is an ACP
+            ``initialize``; its turns keep running when the socket goes, as the app's do.
     """
 
     def __init__(
@@ -151,8 +158,11 @@ class Connection:
         receive: Receive | None = None,
         send: Send | None = None,
         on_drop: Callable[[], None] | None = None,
+        editor: WsEditorFactory | None = None,
     ) -> None:
         self._on_drop = on_drop
+        self._editor = editor
+        self._principal = principal
         self._ws = websocket
         self._receive = receive or websocket.receive
         self._send = send or websocket.send
@@ -186,6 +196,7 @@ class Connection:
             await self._close(self._close_code)
 
     async def _read_loop(self, tg: anyio.abc.TaskGroup) -> None:
+        first = True
         while True:
             message = await self._receive()
             if message["type"] == "websocket.disconnect":
@@ -195,7 +206,32 @@ class Connection:
                 error = InvalidRequest("Invalid Request: binary frames are not supported; send text")
                 self._stream.reply(Reply.from_error(None, error))
                 continue
+            if first and self._editor is not None and is_acp_initialize(text):
+                await self._serve_editor(text, tg)
+                return
+            first = False
             self._dispatcher.serve_frame(text, self._stream, self._ctx, tg)
+
+    async def _serve_editor(self, first: str, tg: anyio.abc.TaskGroup) -> None:
+        """The ACP dialect (docs/api.md "Editor mode"): each text frame is one plain JSON-RPC
+        message for the agent, each of its lines one frame back."""
+        assert self._editor is not None
+        agent = self._editor(self._write_line, self._principal, self._ctx.connection_id)
+        self._closers.extend([lambda: run_closers(agent.closers)])
+        await tg.start(agent.run)
+        agent.feed(first.encode())
+        while True:
+            message = await self._receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                self._enqueue(_BINARY_REFUSED)
+                continue
+            agent.feed(text.encode())
+
+    def _write_line(self, line: bytes) -> None:
+        self._enqueue(line.removesuffix(b"\n"))
 
     async def _write_loop(self) -> None:
         try:

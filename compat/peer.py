@@ -13,9 +13,10 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
@@ -39,9 +40,28 @@ Write = Callable[[bytes], None]
 """Queues one outgoing line (the newline is the transport's). Raises ``anyio.BrokenResourceError``
 once the other side can no longer be written to."""
 _PREVIEW_BYTES = 200
+REQUEST_ID: contextvars.ContextVar[Any] = contextvars.ContextVar("REQUEST_ID", default=None)
+"""In a request handler: the ``id`` of the request it answers (``$/cancel_request`` names it)."""
+
+
+class AfterReply(NamedTuple):
+    """A request handler's return value when something must follow its response on the wire:
+    ``result`` is sent, then ``then()`` runs (ACP: an update a client must not see before the
+    ``session/new`` response it belongs to)."""
+
+    result: Any
+    then: Callable[[], None]
+
+
 MAX_SERVING = 64
 """Requests from the other side answered at once; more are refused with -32603 at once (an agent
 that floods requests cannot grow the bridge's tasks without bound)."""
+
+
+_STRAY_ERRORS = {
+    "not JSON": (-32700, "Parse error"),
+    "not a JSON-RPC message": (-32600, "Invalid Request"),
+}
 
 
 class PeerError(Exception):
@@ -104,17 +124,23 @@ class JsonRpcPeer:
     Args:
         write: queues one outgoing line.
         name: a label for logs (e.g. ``pid 1234``).
+        answer_strays: answer a line that is not JSON (-32700) or not a JSON-RPC message
+            (-32600) with an error of id null, as a server owes its client (JSON-RPC 2.0 §5.1);
+            toward an agent (the default) such lines are skipped (field-failures.md #10).
     """
 
-    def __init__(self, write: Write, *, name: str) -> None:
+    def __init__(self, write: Write, *, name: str, answer_strays: bool = False) -> None:
         self._write = write
         self.name = name
+        self._answer_strays = answer_strays
         self._core: PeerCore[Call] = PeerCore(strict=False)
         self._requests: dict[str, RequestHandler] = {}
         self._notifications: dict[str, NotificationHandler] = {}
         self._error: PeerError | None = None
         self._handlers: anyio.abc.TaskGroup | None = None
         self._serving = 0  # request handlers running now
+        self._idle = anyio.Event()
+        self._idle.set()
         self.skipped_lines = 0
 
     @property
@@ -223,6 +249,8 @@ class JsonRpcPeer:
                 self._answer(self._core.error(received.id, INTERNAL_ERROR, "too many requests in flight"))
             else:
                 self._serving += 1
+                if self._idle.is_set():
+                    self._idle = anyio.Event()
                 self._handlers.start_soon(self._serve_request, received)
         else:
             self._skip(received, line)
@@ -239,6 +267,9 @@ class JsonRpcPeer:
 
     def _skip(self, stray: Stray, line: bytes) -> None:
         self.skipped_lines += 1
+        if self._answer_strays and stray.why in _STRAY_ERRORS:
+            code, message = _STRAY_ERRORS[stray.why]
+            self._answer(self._core.error(None, code, message))
         preview = line[:_PREVIEW_BYTES].decode("utf-8", "replace")
         logger.debug("%s: skipped a line (%s): %s", self.name, stray.why, redact(preview))
 
@@ -247,12 +278,19 @@ class JsonRpcPeer:
             await self._answer_request(request)
         finally:
             self._serving -= 1
+            if not self._serving:
+                self._idle.set()
+
+    async def idle(self) -> None:
+        """Until no request from the other side is being answered."""
+        await self._idle.wait()
 
     async def _answer_request(self, request: IncomingRequest) -> None:
         handler = self._requests.get(request.method)
         if handler is None:
             self._answer(self._core.error(request.id, METHOD_NOT_FOUND, "Method not found"))
             return
+        REQUEST_ID.set(request.id)  # this task's own context
         try:
             result = await handler(request.params)
         except ResponseError as exc:
@@ -261,7 +299,11 @@ class JsonRpcPeer:
             logger.exception("%s: request handler for %s failed", self.name, request.method)
             self._answer(self._core.error(request.id, INTERNAL_ERROR, "Internal error"))
         else:
-            self._answer(self._core.result(request.id, result))
+            if isinstance(result, AfterReply):
+                self._answer(self._core.result(request.id, result.result))
+                result.then()
+            else:
+                self._answer(self._core.result(request.id, result))
 
     def _answer(self, line: bytes) -> None:
         if self._error is not None:

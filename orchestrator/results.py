@@ -234,6 +234,7 @@ class SessionListEntry(Result, frozen=True):
     created_at: float
     updated_at: float
     title: str | UnsetType = UNSET
+    working_directory: str | None = None
 
 
 class SessionListResult(Result, frozen=True):

@@ -528,6 +528,15 @@ class Orchestrator:
         """
         return await self._snapshot(await self._known(principal, session_id))
 
+    async def history(self, session_id: str, principal: str) -> list[tuple[str, str]]:
+        """The session's stored conversation, oldest first: ``(role, text)`` with role ``user``
+        or ``assistant`` (editor mode's ``session/load`` replays it).
+
+        Raises:
+            NotFound: -32004, no such session for this principal.
+        """
+        return list((await self._known(principal, session_id)).history)
+
     async def _snapshot(self, session: Session) -> SessionSnapshot:
         turns: list[TurnSummary] = []
         if self.store is not None:
@@ -678,6 +687,7 @@ class Orchestrator:
                         created_at=record.created_at,
                         updated_at=record.updated_at,
                         title=_title(record.state),
+                        working_directory=record.working_directory,
                     )
                 )
             more = len(records) > limit
@@ -693,6 +703,7 @@ class Orchestrator:
                         provider_id=session.provider_id,
                         created_at=session.created_at,
                         updated_at=session.created_at,
+                        working_directory=session.working_directory,
                     )
                 )
             if len(live) > offset + limit:

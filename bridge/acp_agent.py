@@ -1,0 +1,540 @@
+"""Editor mode: the bridge as an ACP agent, protocol version 1 (docs/api.md "Editor mode").
+
+An editor (Zed, JetBrains, CodeCompanion, agent-shell) that launches ``xworkmate-bridge
+acp-stdio``, or connects to ``GET /acp``, and opens with an ACP ``initialize`` is served here
+instead of by the bridge's own methods: plain newline-delimited JSON-RPC 2.0, no hybrid envelope.
+Each ACP session is one bridge session; its turns run through the orchestrator like the desktop
+app's, so every provider the bridge has (ACP agents, exec profiles, knowledge) is one editor
+integration, picked with the ``provider`` session config option.
+
+What maps to what (agentclientprotocol.com, schema v1):
+
+- ``session/new`` / ``session/load`` / ``session/resume`` / ``session/close`` / ``session/list``:
+  the bridge's session table and store (``session/load`` replays the stored conversation).
+- ``session/prompt``: ``Orchestrator.run_turn``; the turn's ``session.update`` params become ACP
+  ``session/update`` notifications (:func:`acp_update`), all written before the response.
+- ``session/cancel`` and ``$/cancel_request`` (of a prompt): ``Orchestrator.cancel``; the prompt
+  then answers ``stopReason: "cancelled"``.
+- a provider's permission request (``permissionPolicy: ask``): ``session/request_permission`` to
+  the editor, whose answer goes back through ``Orchestrator.permission``.
+
+Requests are read with small msgspec structs of the fields the bridge uses rather than the ACP
+SDK's pydantic schema: ``import acp.schema`` takes about 1.5 s, and editors start ``acp-stdio``
+for every window (bench case 6). Tests check what the bridge sends against that schema.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from bridge import __version__
+from bridge.rpc.errors import InvalidParams, RpcError
+from compat.peer import REQUEST_ID, AfterReply, JsonRpcPeer, PeerError, ResponseError, Write
+from orchestrator.results import TurnResult, UnavailableTurnResult
+from orchestrator.service import Orchestrator
+from orchestrator.sessions import StreamListener
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+PROVIDER_OPTION = "provider"
+"""The id of the session config option that picks the provider."""
+AUTO = "auto"
+"""The ``provider`` option's value for the bridge's own routing."""
+LIST_PAGE = 50
+"""Sessions per ``session/list`` page."""
+PERMISSION_TIMEOUT = None
+"""Seconds the bridge waits for the editor's permission answer: none of its own (the turn's
+``permissionTimeout`` and cancel end the wait)."""
+STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
+PASSED_THROUGH = frozenset({"available_commands_update", "session_info_update"})
+"""A provider agent's own session updates sent on unchanged. Its ``config_option_update`` and
+``current_mode_update`` are not: the editor would offer options the bridge cannot set yet."""
+
+
+# ---- the requests, as far as the bridge reads them ---------------------------------------------------
+
+
+class _NewSession(msgspec.Struct, rename="camel"):
+    cwd: str
+    mcp_servers: list[dict[str, Any]] = []
+
+
+class _SessionRef(msgspec.Struct, rename="camel"):
+    session_id: str
+    cwd: str | None = None
+    mcp_servers: list[dict[str, Any]] = []
+
+
+class _Prompt(msgspec.Struct, rename="camel"):
+    session_id: str
+    prompt: list[dict[str, Any]]
+
+
+class _SetOption(msgspec.Struct, rename="camel"):
+    session_id: str
+    config_id: str
+    value: str | bool
+
+
+class _List(msgspec.Struct, rename="camel"):
+    cwd: str | None = None
+    cursor: str | None = None
+
+
+def _read(params: dict[str, Any], shape: type[Any]) -> Any:
+    try:
+        return msgspec.convert(params, shape)
+    except msgspec.ValidationError as exc:
+        raise ResponseError(-32602, f"Invalid params: {exc}", {"code": "INVALID_PARAMS"}) from None
+
+
+class EditorSession:
+    """What the agent keeps per ACP session: where it runs and which provider it uses."""
+
+    __slots__ = ("cwd", "listener", "provider", "started")
+
+    def __init__(self, cwd: str, provider: str, listener: StreamListener, *, started: bool) -> None:
+        self.cwd = cwd
+        self.provider = provider  # a provider id, or AUTO
+        self.listener = listener
+        self.started = started  # a turn ran (session.message continues it)
+
+
+class AcpAgent:
+    """One editor connection served as an ACP agent. Feed it every received line
+    (:meth:`feed`, in order) and host :meth:`run` in the connection's task group.
+
+    Args:
+        orch: the running orchestrator.
+        principal: whose sessions these are (``local`` on stdio, the token's over WebSocket).
+        write: queues one outgoing line (``compat.peer.Write``).
+        connection_id: names the connection in logs and as the sessions' listener.
+    """
+
+    def __init__(self, orch: Orchestrator, principal: str, write: Write, *, connection_id: str) -> None:
+        self._orch = orch
+        self._principal = principal
+        self._id = connection_id
+        self._sessions: dict[str, EditorSession] = {}
+        self._prompts: dict[Any, str] = {}  # request id of a running session/prompt -> its session
+        self._closers: list[Callable[[], None]] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.peer = JsonRpcPeer(write, name=connection_id, answer_strays=True)
+        for method, handler in (
+            ("initialize", self.initialize),
+            ("authenticate", self.authenticate),
+            ("session/new", self.new_session),
+            ("session/load", self.load_session),
+            ("session/resume", self.resume_session),
+            ("session/close", self.close_session),
+            ("session/list", self.list_sessions),
+            ("session/prompt", self.prompt),
+            ("session/set_config_option", self.set_config_option),
+            ("session/set_mode", self.set_mode),
+        ):
+            self.peer.on_request(method, _answering_rpc_errors(handler))
+        self.peer.on_notification("session/cancel", self.cancel)
+        self.peer.on_notification("$/cancel_request", self.cancel_request)
+
+    @property
+    def closers(self) -> list[Callable[[], None]]:
+        """Run when the connection closes (the sessions stop listening to it)."""
+        return self._closers
+
+    def feed(self, line: bytes) -> None:
+        """Handle one message from the editor."""
+        self.peer.feed(line)
+
+    async def idle(self) -> None:
+        """Until every request of the editor's is answered."""
+        await self.peer.idle()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve the editor's requests until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await tg.start(self.peer.serve)
+            task_status.started()
+            await anyio.sleep_forever()
+
+    # ---- initialize -------------------------------------------------------------------------------
+
+    async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Version 1 whatever the editor offers (the agent answers its own latest; an editor that
+        cannot speak it disconnects). No auth methods: stdio is local, and over WebSocket the
+        token was checked at the upgrade."""
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+            },
+            "agentInfo": {"name": "xworkmate-bridge", "title": "XWorkmate Bridge", "version": __version__},
+            "authMethods": [],
+        }
+
+    async def authenticate(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    # ---- sessions ---------------------------------------------------------------------------------
+
+    async def new_session(self, params: dict[str, Any]) -> AfterReply:
+        """``session/new {cwd, mcpServers}`` → ``{sessionId, configOptions}``; the bridge's
+        commands follow the response (an editor may hang on an update before it)."""
+        request = _read(params, _NewSession)
+        session_id = f"acp-{uuid.uuid4().hex}"
+        cwd = self._orch.workspace.working_directory(request.cwd, self._principal, session_id)
+        self._report_mcp_servers(request.mcp_servers)
+        session = self._open(session_id, cwd, started=False)
+        return AfterReply(
+            {"sessionId": session_id, "configOptions": self._config_options(session)},
+            lambda: self._send_update(session_id, self._commands()),
+        )
+
+    async def load_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``session/load``: the stored conversation replayed as ``user_message_chunk`` and
+        ``agent_message_chunk`` updates, then ``{configOptions}``; the next prompt continues it.
+
+        Raises -32004 (``NOT_FOUND``) for a session this principal does not have."""
+        request = _read(params, _SessionRef)
+        session = await self._reopen(request)
+        for role, text in await self._orch.history(request.session_id, self._principal):
+            kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
+            self._send_update(request.session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+        return {"configOptions": self._config_options(session)}
+
+    async def resume_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``session/resume``: as ``session/load`` without the replay."""
+        session = await self._reopen(_read(params, _SessionRef))
+        return {"configOptions": self._config_options(session)}
+
+    async def _reopen(self, request: _SessionRef) -> EditorSession:
+        snapshot = await self._orch.get(request.session_id, self._principal)
+        cwd = request.cwd or snapshot.working_directory
+        cwd = self._orch.workspace.working_directory(cwd, self._principal, request.session_id)
+        self._report_mcp_servers(request.mcp_servers)
+        session = self._open(request.session_id, cwd, started=True)
+        if snapshot.provider_id and snapshot.provider_id in self._providers():
+            session.provider = snapshot.provider_id
+        if snapshot.state == "running":  # a turn that outlived its connection streams here too
+            await self._orch.subscribe(
+                request.session_id, self._principal, session.listener, snapshot.last_seq, until_idle=False
+            )
+        return session
+
+    async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = _read(params, _SessionRef)
+        await self._orch.close(request.session_id, self._principal)
+        self._sessions.pop(request.session_id, None)
+        return {}
+
+    async def list_sessions(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``session/list {cwd?, cursor?}``: this principal's sessions, most recent first (the
+        desktop app's too: one store)."""
+        request = _read(params, _List)
+        page = await self._orch.list_sessions(self._principal, request.cursor, LIST_PAGE)
+        sessions = []
+        for entry in page.sessions:
+            if entry.working_directory is None or (request.cwd and entry.working_directory != request.cwd):
+                continue
+            info: dict[str, Any] = {
+                "sessionId": entry.session_id,
+                "cwd": entry.working_directory,
+                "updatedAt": _iso(entry.updated_at),
+            }
+            if isinstance(entry.title, str):
+                info["title"] = entry.title
+            sessions.append(info)
+        result: dict[str, Any] = {"sessions": sessions}
+        if page.next_cursor:
+            result["nextCursor"] = page.next_cursor
+        return result
+
+    def _open(self, session_id: str, cwd: str, *, started: bool) -> EditorSession:
+        listener = StreamListener(
+            lambda method, update: self._relay(session_id, update), self._id, self._closers, self._backlog
+        )
+        session = EditorSession(cwd, AUTO, listener, started=started)
+        self._sessions[session_id] = session
+        return session
+
+    def _session(self, session_id: str) -> EditorSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ResponseError(
+                -32004, "unknown session: open it with session/new or session/load", {"code": "NOT_FOUND"}
+            )
+        return session
+
+    def _report_mcp_servers(self, servers: list[dict[str, Any]]) -> None:
+        if servers:
+            names = ", ".join(str(s.get("name", "?"))[:100] for s in servers[:20])
+            log.warning("%s: MCP servers from the editor are not passed to providers yet: %s", self._id, names)
+
+    # ---- config options -----------------------------------------------------------------------------
+
+    def _providers(self) -> dict[str, str]:
+        """Enabled providers, id -> label, in catalog order."""
+        return {p.provider_id: p.label for p in self._orch.capabilities().provider_catalog if p.enabled}
+
+    def _config_options(self, session: EditorSession) -> list[dict[str, Any]]:
+        options = [{"value": AUTO, "name": "Auto", "description": "the bridge's routing picks the provider"}]
+        options += [{"value": pid, "name": label or pid} for pid, label in self._providers().items()]
+        return [
+            {
+                "id": PROVIDER_OPTION,
+                "name": "Provider",
+                "description": "which of the bridge's providers runs the prompts",
+                "type": "select",
+                "currentValue": session.provider,
+                "options": options,
+            }
+        ]
+
+    async def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``session/set_config_option {sessionId, configId: "provider", value}`` → ``{configOptions}``.
+
+        Raises -32602 for another option or a value that is not an enabled provider (or ``auto``)."""
+        request = _read(params, _SetOption)
+        session = self._session(request.session_id)
+        if request.config_id != PROVIDER_OPTION:
+            raise InvalidParams(f"unknown config option: {request.config_id[:100]}", field="configId")
+        if request.value != AUTO and request.value not in self._providers():
+            raise InvalidParams(f"not an enabled provider: {str(request.value)[:100]}", field="value")
+        session.provider = str(request.value)
+        return {"configOptions": self._config_options(session)}
+
+    async def set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
+        raise InvalidParams("this agent offers no session modes; pick the provider with the provider option")
+
+    def _commands(self) -> dict[str, Any]:
+        commands = [
+            {
+                "name": "provider",
+                "description": "switch this session's provider (auto or one of: " + ", ".join(self._providers()) + ")",
+                "input": {"hint": "provider id"},
+            }
+        ]
+        return {"sessionUpdate": "available_commands_update", "availableCommands": commands}
+
+    # ---- prompts ----------------------------------------------------------------------------------
+
+    async def prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``session/prompt {sessionId, prompt}`` → ``{stopReason}`` after every update of the turn.
+
+        Raises: -32602 for content the bridge cannot pass on (images, audio, blob resources);
+        the bridge's errors (-32005 busy, -32006 limit); and -32603 with ``data.code`` the turn's
+        error code (``TURN_TIMEOUT``, ``PROVIDER_UNAVAILABLE``, …) for a turn that failed."""
+        request = _read(params, _Prompt)
+        session = self._session(request.session_id)
+        text = prompt_text(request.prompt)
+        command = text.strip().split(maxsplit=1)
+        if command and command[0] == "/provider":
+            return self._provider_command(request.session_id, session, command[1] if len(command) > 1 else "")
+        from orchestrator.models import TurnParams  # pydantic: loaded on first use (bench case 6)
+
+        turn = TurnParams.model_validate(
+            {
+                "sessionId": request.session_id,
+                "taskPrompt": text,
+                "workingDirectory": session.cwd,
+                "routing": None if session.provider == AUTO else {"explicitProviderId": session.provider},
+            }
+        )
+        request_id = REQUEST_ID.get()
+        self._prompts[request_id] = request.session_id
+        try:
+            result = await self._orch.run_turn(turn, self._principal, session.listener, start=not session.started)
+        finally:
+            self._prompts.pop(request_id, None)
+        session.started = True
+        return _prompt_response(result)
+
+    def _provider_command(self, session_id: str, session: EditorSession, value: str) -> dict[str, Any]:
+        value = value.strip()
+        if value != AUTO and value not in self._providers():
+            reply = f"Unknown provider {value[:100]!r}. Choose auto or one of: {', '.join(self._providers())}."
+        else:
+            session.provider = value
+            reply = f"This session now uses {value}."
+            self._send_update(
+                session_id, {"sessionUpdate": "config_option_update", "configOptions": self._config_options(session)}
+            )
+        self._send_update(
+            session_id, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": reply}}
+        )
+        return {"stopReason": "end_turn"}
+
+    def cancel(self, params: dict[str, Any]) -> None:
+        """``session/cancel {sessionId}`` (a notification)."""
+        session_id = params.get("sessionId")
+        if isinstance(session_id, str) and session_id in self._sessions:
+            self._orch.cancel(session_id, self._principal)
+
+    def cancel_request(self, params: dict[str, Any]) -> None:
+        """``$/cancel_request {requestId}``: a running ``session/prompt`` is cancelled as by
+        ``session/cancel``; other requests are short and run to their answer."""
+        session_id = self._prompts.get(params.get("requestId"))
+        if session_id is not None:
+            self._orch.cancel(session_id, self._principal)
+
+    # ---- updates out --------------------------------------------------------------------------------
+
+    def _relay(self, session_id: str, params: dict[str, Any]) -> None:
+        """A ``session.update`` of the bridge session, to the editor as ACP."""
+        if params.get("type") == "permission":
+            if self._tg is not None:
+                self._tg.start_soon(self._ask_permission, session_id, params)
+            return
+        update = acp_update(params)
+        if update is not None:
+            self._send_update(session_id, update)
+
+    def _send_update(self, session_id: str, update: dict[str, Any]) -> None:
+        try:
+            self.peer.notify("session/update", {"sessionId": session_id, "update": update})
+        except PeerError:
+            pass  # the editor is gone; the connection's end stops the rest
+
+    async def _ask_permission(self, session_id: str, params: dict[str, Any]) -> None:
+        """Ask the editor (``session/request_permission``, the provider's options and tool call
+        unchanged) and answer the provider with its choice; a cancelled answer picks a reject
+        option when there is one."""
+        options = params.get("options") or []
+        tool_call = {"toolCallId": "permission", **(params.get("toolCall") or {})}
+        try:
+            answer = await self.peer.request(
+                "session/request_permission",
+                {"sessionId": session_id, "toolCall": tool_call, "options": options},
+                timeout=PERMISSION_TIMEOUT,
+            )
+        except PeerError as exc:
+            log.info("%s: no permission answer from the editor: %s", self._id, exc)
+            return
+        outcome = answer.get("outcome") if isinstance(answer, dict) else None
+        option_id = (
+            outcome.get("optionId") if isinstance(outcome, dict) and outcome.get("outcome") == "selected" else None
+        )
+        if option_id is None:
+            option_id = next((o.get("optionId") for o in options if str(o.get("kind", "")).startswith("reject")), None)
+        if not isinstance(option_id, str):
+            return
+        from orchestrator.models import PermissionParams
+
+        try:
+            self._orch.permission(
+                PermissionParams(session_id=session_id, request_id=params["requestId"], option_id=option_id),
+                self._principal,
+            )
+        except RpcError as exc:  # the turn ended meanwhile, or the editor made up an option
+            log.info("%s: permission answer not used: %s", self._id, exc.message)
+
+    def _backlog(self) -> int:
+        return 0
+
+
+def acp_update(params: dict[str, Any]) -> dict[str, Any] | None:
+    """One bridge ``session.update`` (docs/api.md "Update stream") as an ACP ``SessionUpdate``, or
+    None for those an editor has no use for (status, done: the prompt's response says it)."""
+    kind = params.get("type")
+    if kind == "delta":
+        return {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": params["delta"]}}
+    if kind == "thought":
+        return {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": params["delta"]}}
+    if kind in ("tool_call", "tool_call_update"):
+        call = dict(params.get("toolCall") or {})
+        if kind == "tool_call":
+            call.setdefault("title", call.get("toolCallId", "tool"))
+        return {"sessionUpdate": kind, **call}
+    if kind == "plan":
+        return {"sessionUpdate": "plan", "entries": params.get("entries") or []}
+    if kind == "usage":
+        usage = params.get("usage") or {}
+        if "contextUsed" in usage and "contextSize" in usage:
+            update: dict[str, Any] = {
+                "sessionUpdate": "usage_update",
+                "used": usage["contextUsed"],
+                "size": usage["contextSize"],
+            }
+            if isinstance(usage.get("cost"), dict) and usage["cost"].get("currency"):
+                update["cost"] = usage["cost"]
+            return update
+        return None
+    if kind == "status" and params.get("event") in PASSED_THROUGH:
+        return {"sessionUpdate": params["event"], **(params.get("data") or {})}
+    return None
+
+
+def prompt_text(blocks: list[dict[str, Any]]) -> str:
+    """The prompt's content blocks as the text a turn carries: text as is, a resource link and an
+    embedded text resource with their URI.
+
+    Raises:
+        InvalidParams: -32602 for an image, audio or binary resource, or an empty prompt.
+    """
+    parts: list[str] = []
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            parts.append(f"[{block.get('name') or block['uri']}]({block['uri']})")
+        elif kind == "resource" and isinstance(resource := block.get("resource"), dict):
+            if not isinstance(resource.get("text"), str):
+                raise InvalidParams("binary resources cannot be passed to the bridge's providers", field="prompt")
+            parts.append(f"<{resource.get('uri', '')}>\n```\n{resource['text']}\n```")
+        elif kind in ("image", "audio"):
+            raise InvalidParams(f"the bridge's providers cannot take {kind} content here; send text", field="prompt")
+        else:
+            raise InvalidParams(f"unsupported content block: {str(kind)[:50]}", field="prompt")
+    text = "\n\n".join(parts)
+    if not text.strip():
+        raise InvalidParams("the prompt is empty", field="prompt")
+    return text
+
+
+def _prompt_response(result: TurnResult | UnavailableTurnResult) -> dict[str, Any]:
+    if isinstance(result, UnavailableTurnResult):
+        raise ResponseError(
+            -32603,
+            result.unavailable_message or "no provider can take this prompt",
+            {"code": result.unavailable_code, "providerId": result.resolved_provider_id},
+        )
+    if result.status == "cancelled":
+        return {"stopReason": "cancelled"}
+    if not result.success:
+        error = result.error
+        code = error.code if not isinstance(error, msgspec.UnsetType) else "INTERNAL_ERROR"
+        message = error.message if not isinstance(error, msgspec.UnsetType) else result.summary
+        raise ResponseError(
+            -32603, message or "the turn failed", {"code": code, "providerId": result.resolved_provider_id}
+        )
+    return {"stopReason": result.stop_reason if result.stop_reason in STOP_REASONS else "end_turn"}
+
+
+def _answering_rpc_errors(handler: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    """The bridge's ``RpcError`` (-32602, -32004, …) as the peer's error answer, ``data.code`` kept."""
+
+    async def serve(params: dict[str, Any]) -> Any:
+        try:
+            return await handler(params)
+        except RpcError as exc:
+            error = exc.to_error()
+            raise ResponseError(error["code"], error["message"], error["data"]) from None
+
+    return serve
+
+
+def _iso(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,264 @@
+"""Editor mode over stdio (docs/api.md "Editor mode"): the official Python ACP SDK
+(``agent-client-protocol``) is the editor; it spawns ``xworkmate-bridge acp-stdio`` and every
+response and notification it receives is parsed with the SDK's schema models (a message that does
+not fit the schema fails the test). The providers are the scriptable fake ACP agent."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+from acp import PROTOCOL_VERSION, RequestError, text_block
+from acp.schema import (
+    AgentMessageChunk,
+    AllowedOutcome,
+    AvailableCommandsUpdate,
+    ClientCapabilities,
+    Implementation,
+    RequestPermissionResponse,
+    ToolCallProgress,
+    ToolCallStart,
+    UsageUpdate,
+    UserMessageChunk,
+)
+from acp.stdio import spawn_agent_process
+
+from tests.test_app_integration import FAKE_AGENT
+
+pytestmark = pytest.mark.timeout(60)
+BRIDGE = (sys.executable, "-m", "bridge.cli")
+
+
+def config(tmp_path: Path) -> Path:
+    def agent(*modes: str, **extra: Any) -> dict[str, Any]:
+        args = [str(FAKE_AGENT), *[a for m in modes for a in ("--mode", m)]]
+        return {"command": sys.executable, "args": args, **extra}
+
+    data = {
+        "workspaceRoots": [str(tmp_path)],
+        "providers": {
+            "echo": agent(),
+            "slow": agent("slow"),
+            "asker": agent("permission", permissionPolicy="ask"),
+        },
+        "timeouts": {"cancelGrace": 1},
+    }
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class Editor:
+    """The editor side: records every session update, answers permission requests with
+    ``choose`` (an option id, or None for a cancelled outcome)."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, Any]] = []
+        self.asked: list[dict[str, Any]] = []
+        self.choose: str | None = "opt-allow_once"
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+
+    async def request_permission(
+        self, options: list[Any], session_id: str, tool_call: Any, **kwargs: Any
+    ) -> RequestPermissionResponse:
+        self.asked.append({"sessionId": session_id, "options": [o.option_id for o in options], "tool": tool_call})
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=self.choose or ""))
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [u for _, u in self.updates if isinstance(u, kind)]
+
+    def text(self) -> str:
+        return "".join(u.content.text for u in self.of(AgentMessageChunk))
+
+
+@contextlib.asynccontextmanager
+async def bridge(tmp_path: Path, editor: Editor) -> AsyncIterator[Any]:
+    async with spawn_agent_process(
+        editor,
+        *BRIDGE,
+        "acp-stdio",
+        "--config",
+        str(config(tmp_path)),
+        "--state-dir",
+        str(tmp_path / "state"),
+        cwd=str(Path(__file__).resolve().parents[2]),
+    ) as (conn, _process):
+        init = await conn.initialize(
+            protocol_version=PROTOCOL_VERSION,
+            client_capabilities=ClientCapabilities(),
+            client_info=Implementation(name="test-editor", version="1"),
+        )
+        assert init.protocol_version == 1
+        yield conn
+
+
+async def test_initialize_advertises_what_the_bridge_does(tmp_path: Path) -> None:
+    async with bridge(tmp_path, Editor()) as conn:
+        init = await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities())
+    caps = init.agent_capabilities
+    assert caps is not None and caps.load_session is True
+    assert caps.session_capabilities is not None
+    sessions = caps.session_capabilities
+    assert sessions.list is not None and sessions.resume is not None and sessions.close is not None
+    assert caps.prompt_capabilities is not None and caps.prompt_capabilities.image is False
+    assert init.agent_info is not None and init.agent_info.name == "xworkmate-bridge"
+    assert init.auth_methods == []
+
+
+async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        option = next(o for o in new.config_options or [] if o.id == "provider")
+        assert option.current_value == "auto"
+        assert [v.value for v in option.options] == ["auto", "asker", "echo", "slow"]
+        chosen = await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
+        assert chosen.config_options[0].current_value == "echo"
+        answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello bridge")])
+    assert answer.stop_reason == "end_turn"
+    assert editor.text() == "echo: hello bridge"
+    assert editor.of(AvailableCommandsUpdate), "the bridge's commands, then the agent's"
+    starts = editor.of(ToolCallStart)
+    assert [s.tool_call_id for s in starts] == ["t1"] and starts[0].title == "Read file"
+    assert [p.status for p in editor.of(ToolCallProgress)][-1] == "completed"
+    usage = editor.of(UsageUpdate)
+    assert usage and usage[0].used == 1000 and usage[0].size == 200000
+    assert {sid for sid, _ in editor.updates} == {new.session_id}
+
+
+async def test_the_commands_update_follows_the_session_new_response(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        with anyio.fail_after(10):
+            while not editor.of(AvailableCommandsUpdate):
+                await anyio.sleep(0.01)
+    commands = editor.of(AvailableCommandsUpdate)[0].available_commands
+    assert [c.name for c in commands] == ["provider"]
+    assert editor.updates[0][0] == new.session_id
+
+
+async def test_the_provider_command_switches_the_provider(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        switched = await conn.prompt(session_id=new.session_id, prompt=[text_block("/provider echo")])
+        answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("again")])
+    assert switched.stop_reason == "end_turn" and answer.stop_reason == "end_turn"
+    assert "This session now uses echo." in editor.text() and "echo: again" in editor.text()
+
+
+async def test_session_cancel_answers_the_prompt_cancelled(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="slow")
+        async with anyio.create_task_group() as tg:
+            answers: list[Any] = []
+
+            async def prompt() -> None:
+                answers.append(await conn.prompt(session_id=new.session_id, prompt=[text_block("count")]))
+
+            tg.start_soon(prompt)
+            with anyio.fail_after(20):
+                while "1 " not in editor.text():
+                    await anyio.sleep(0.01)
+            await conn.cancel(session_id=new.session_id)
+    assert answers[0].stop_reason == "cancelled"
+
+
+async def test_a_permission_request_is_asked_of_the_editor_and_its_answer_relayed(tmp_path: Path) -> None:
+    editor = Editor()
+    editor.choose = "opt-reject_once"
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="asker")
+        answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("write it")])
+    assert answer.stop_reason == "end_turn"
+    assert len(editor.asked) == 1
+    asked = editor.asked[0]
+    assert asked["sessionId"] == new.session_id
+    assert asked["options"] == ["opt-allow_once", "opt-allow_always", "opt-reject_once", "opt-reject_always"]
+    assert asked["tool"].title == "Write file"
+    assert "permission: opt-reject_once" in editor.text()
+
+
+async def test_sessions_are_listed_and_loaded_after_a_restart_with_their_conversation(tmp_path: Path) -> None:
+    first = Editor()
+    async with bridge(tmp_path, first) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("remember me")])
+    second = Editor()
+    async with bridge(tmp_path, second) as conn:
+        listed = await conn.list_sessions(cwd=str(tmp_path))
+        assert [s.session_id for s in listed.sessions] == [new.session_id]
+        assert listed.sessions[0].cwd == str(tmp_path)
+        loaded = await conn.load_session(session_id=new.session_id, cwd=str(tmp_path), mcp_servers=[])
+        replayed = list(second.updates)
+        answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("and now?")])
+    assert loaded.config_options[0].current_value == "echo"
+    kinds = [type(u).__name__ for _, u in replayed]
+    assert kinds == ["UserMessageChunk", "AgentMessageChunk"]
+    assert second.of(UserMessageChunk)[0].content.text == "remember me"
+    assert replayed[1][1].content.text == "echo: remember me"
+    assert answer.stop_reason == "end_turn" and "and now?" in second.text()
+
+
+async def test_unknown_sessions_methods_and_content_get_clear_errors(tmp_path: Path) -> None:
+    async with bridge(tmp_path, Editor()) as conn:
+        with pytest.raises(RequestError) as unknown:
+            await conn.prompt(session_id="nope", prompt=[text_block("hi")])
+        assert unknown.value.code == -32004
+        with pytest.raises(RequestError) as outside:
+            await conn.new_session(cwd="/", mcp_servers=[])
+        assert outside.value.code == -32602
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        with pytest.raises(RequestError) as bad_option:
+            await conn.set_config_option(session_id=new.session_id, config_id="provider", value="nobody")
+        assert bad_option.value.code == -32602
+        with pytest.raises(RequestError) as not_found:
+            await conn.load_session(session_id="never-was", cwd=str(tmp_path), mcp_servers=[])
+        assert not_found.value.code == -32004
+
+
+def test_the_acp_dialect_is_plain_json_rpc_and_answers_broken_input(tmp_path: Path) -> None:
+    lines = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
+        "this is not json",
+        {"jsonrpc": "2.0", "id": 1, "method": "session/fork", "params": {}},
+        {"jsonrpc": "2.0", "method": "some/notification", "params": {}},
+        {"jsonrpc": "2.0", "id": 2, "method": "acp.capabilities", "params": {}},
+        {"jsonrpc": "2.0", "id": 3, "method": "session/new", "params": {"cwd": 7}},
+    ]
+    data = b"".join((line if isinstance(line, str) else json.dumps(line)).encode() + b"\n" for line in lines)
+    done = subprocess.run(
+        [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")],
+        input=data,
+        capture_output=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert all(set(a) <= {"jsonrpc", "id", "result", "error"} for a in answers), "no envelope fields"
+    by_id = {a.get("id"): a for a in answers}
+    assert by_id[0]["result"]["protocolVersion"] == 1
+    assert by_id[None]["error"]["code"] == -32700
+    assert by_id[1]["error"]["code"] == -32601  # unstable: not offered
+    assert by_id[2]["error"]["code"] == -32601  # the bridge's own methods are the other dialect
+    assert by_id[3]["error"]["code"] == -32602
+    assert len(answers) == 5  # the notification got nothing
