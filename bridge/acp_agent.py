@@ -41,6 +41,7 @@ from compat.peer import REQUEST_ID, AfterReply, JsonRpcPeer, PeerError, Response
 from orchestrator.results import TurnResult, UnavailableTurnResult
 from orchestrator.service import Orchestrator
 from orchestrator.sessions import StreamListener
+from orchestrator.turn import EditorInput
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +101,15 @@ def _read(params: dict[str, Any], shape: type[Any]) -> Any:
 class EditorSession:
     """What the agent keeps per ACP session: where it runs and which provider it uses."""
 
-    __slots__ = ("cwd", "listener", "provider", "started")
+    __slots__ = ("cwd", "listener", "mcp_servers", "provider", "started")
 
-    def __init__(self, cwd: str, provider: str, listener: StreamListener, *, started: bool) -> None:
+    def __init__(
+        self, cwd: str, provider: str, listener: StreamListener, mcp_servers: list[dict[str, Any]], *, started: bool
+    ) -> None:
         self.cwd = cwd
         self.provider = provider  # a provider id, or AUTO
         self.listener = listener
+        self.mcp_servers = tuple(mcp_servers)  # the editor's, for the provider agent's session/new
         self.started = started  # a turn ran (session.message continues it)
 
 
@@ -128,6 +132,7 @@ class AcpAgent:
         self._prompts: dict[Any, str] = {}  # request id of a running session/prompt -> its session
         self._closers: list[Callable[[], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
+        self._client_capabilities: dict[str, Any] = {}  # the editor's, from initialize
         self.peer = JsonRpcPeer(write, name=connection_id, answer_strays=True)
         for method, handler in (
             ("initialize", self.initialize),
@@ -172,6 +177,14 @@ class AcpAgent:
         """Version 1 whatever the editor offers (the agent answers its own latest; an editor that
         cannot speak it disconnects). No auth methods: stdio is local, and over WebSocket the
         token was checked at the upgrade."""
+        caps = params.get("clientCapabilities")
+        caps = caps if isinstance(caps, dict) else {}
+        fs = caps.get("fs")
+        fs = fs if isinstance(fs, dict) else {}
+        self._client_capabilities = {
+            "fs": {"readTextFile": fs.get("readTextFile") is True, "writeTextFile": fs.get("writeTextFile") is True},
+            "terminal": caps.get("terminal") is True,
+        }
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -195,8 +208,7 @@ class AcpAgent:
         request = _read(params, _NewSession)
         session_id = f"acp-{uuid.uuid4().hex}"
         cwd = self._orch.workspace.working_directory(request.cwd, self._principal, session_id)
-        self._report_mcp_servers(request.mcp_servers)
-        session = self._open(session_id, cwd, started=False)
+        session = self._open(session_id, cwd, request.mcp_servers, started=False)
         return AfterReply(
             {"sessionId": session_id, "configOptions": self._config_options(session)},
             lambda: self._send_update(session_id, self._commands()),
@@ -223,8 +235,7 @@ class AcpAgent:
         snapshot = await self._orch.get(request.session_id, self._principal)
         cwd = request.cwd or snapshot.working_directory
         cwd = self._orch.workspace.working_directory(cwd, self._principal, request.session_id)
-        self._report_mcp_servers(request.mcp_servers)
-        session = self._open(request.session_id, cwd, started=True)
+        session = self._open(request.session_id, cwd, request.mcp_servers, started=True)
         if snapshot.provider_id and snapshot.provider_id in self._providers():
             session.provider = snapshot.provider_id
         if snapshot.state == "running":  # a turn that outlived its connection streams here too
@@ -261,11 +272,11 @@ class AcpAgent:
             result["nextCursor"] = page.next_cursor
         return result
 
-    def _open(self, session_id: str, cwd: str, *, started: bool) -> EditorSession:
+    def _open(self, session_id: str, cwd: str, mcp_servers: list[dict[str, Any]], *, started: bool) -> EditorSession:
         listener = StreamListener(
             lambda method, update: self._relay(session_id, update), self._id, self._closers, self._backlog
         )
-        session = EditorSession(cwd, AUTO, listener, started=started)
+        session = EditorSession(cwd, AUTO, listener, mcp_servers, started=started)
         self._sessions[session_id] = session
         return session
 
@@ -276,11 +287,6 @@ class AcpAgent:
                 -32004, "unknown session: open it with session/new or session/load", {"code": "NOT_FOUND"}
             )
         return session
-
-    def _report_mcp_servers(self, servers: list[dict[str, Any]]) -> None:
-        if servers:
-            names = ", ".join(str(s.get("name", "?"))[:100] for s in servers[:20])
-            log.warning("%s: MCP servers from the editor are not passed to providers yet: %s", self._id, names)
 
     # ---- config options -----------------------------------------------------------------------------
 
@@ -352,10 +358,17 @@ class AcpAgent:
                 "routing": None if session.provider == AUTO else {"explicitProviderId": session.provider},
             }
         )
+        editor = EditorInput(
+            content=tuple(request.prompt),
+            mcp_servers=session.mcp_servers,
+            client=EditorLink(self.peer, request.session_id, self._client_capabilities),
+        )
         request_id = REQUEST_ID.get()
         self._prompts[request_id] = request.session_id
         try:
-            result = await self._orch.run_turn(turn, self._principal, session.listener, start=not session.started)
+            result = await self._orch.run_turn(
+                turn, self._principal, session.listener, start=not session.started, editor=editor
+            )
         finally:
             self._prompts.pop(request_id, None)
         session.started = True
@@ -442,6 +455,29 @@ class AcpAgent:
 
     def _backlog(self) -> int:
         return 0
+
+
+class EditorLink:
+    """``compat.base.ClientLink`` for one editor session: a provider agent's ``fs/*`` and
+    ``terminal/*`` requests go to the editor with the editor's session id, every other field
+    unchanged, and its answer comes back as it is."""
+
+    def __init__(self, peer: JsonRpcPeer, session_id: str, capabilities: dict[str, Any]) -> None:
+        self._peer = peer
+        self._session_id = session_id
+        self._capabilities = capabilities
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return self._capabilities
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        try:
+            return await self._peer.request(method, {**params, "sessionId": self._session_id}, timeout=None)
+        except ResponseError:
+            raise
+        except PeerError as exc:
+            raise ResponseError(-32603, f"the editor is gone: {exc}") from None
 
 
 def acp_update(params: dict[str, Any]) -> dict[str, Any] | None:

@@ -145,8 +145,54 @@ class Attachment(msgspec.Struct, frozen=True):
     description: str = ""
 
 
+class ClientLink(Protocol):
+    """The ACP client behind a turn, in editor mode (docs/api.md "Editor mode"): what it lets the
+    provider agent use, and the way to ask it."""
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """ACP ``clientCapabilities`` to advertise to the agent: ``{fs: {readTextFile,
+        writeTextFile}, terminal}``."""
+        ...
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        """Relay an agent's ``fs/*`` or ``terminal/*`` request to the client (its ``sessionId``
+        becomes the client's); the client's result comes back unchanged.
+
+        Raises:
+            compat.peer.ResponseError: the client's error, or -32603 when it is gone.
+        """
+        ...
+
+
+CLIENT_METHODS: dict[str, tuple[str, ...]] = {
+    "fs/read_text_file": ("fs", "readTextFile"),
+    "fs/write_text_file": ("fs", "writeTextFile"),
+    "terminal/create": ("terminal",),
+    "terminal/output": ("terminal",),
+    "terminal/release": ("terminal",),
+    "terminal/wait_for_exit": ("terminal",),
+    "terminal/kill": ("terminal",),
+}
+"""The ACP client methods a provider agent may call through a :class:`ClientLink`, and the
+capability (a path in ``clientCapabilities``) each needs."""
+
+
+def offers(capabilities: dict[str, Any], method: str) -> bool:
+    """Whether ``capabilities`` (ACP ``clientCapabilities``) include what ``method`` needs."""
+    value: Any = capabilities
+    for key in CLIENT_METHODS.get(method, ("-",)):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value is True
+
+
 class TurnRequest(msgspec.Struct, frozen=True):
-    """One turn's input, already validated by the orchestrator."""
+    """One turn's input, already validated by the orchestrator.
+
+    ``content``, ``mcp_servers`` and ``client`` come from an ACP editor (editor mode): its prompt
+    as ACP content blocks (``prompt`` is the same as text), its ``mcpServers``, and the link that
+    relays the agent's ``fs/*`` and ``terminal/*`` requests to it.
+    """
 
     session_id: str
     thread_id: str
@@ -157,6 +203,9 @@ class TurnRequest(msgspec.Struct, frozen=True):
     attachments: tuple[Attachment, ...] = ()
     principal: str = "local"  # the authenticated token's name
     extra: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-family params (later issues)
+    content: tuple[dict[str, Any], ...] = ()
+    mcp_servers: tuple[dict[str, Any], ...] = ()
+    client: ClientLink | None = None
 
     def text_prompt(self) -> str:
         """The prompt for a provider that takes text only (exec profiles): the attachments, which

@@ -49,7 +49,7 @@ from orchestrator.results import (
 from orchestrator.routing import Resolution, RoutingInput, resolve
 from orchestrator.sessions import Listener, Session, SessionTable, StreamListener
 from orchestrator.store import Store
-from orchestrator.turn import Turn, TurnInput, new_turn_id
+from orchestrator.turn import EditorInput, Turn, TurnInput, new_turn_id
 from orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
@@ -296,12 +296,19 @@ class Orchestrator:
     # ---- turns -------------------------------------------------------------------------------------
 
     async def run_turn(
-        self, params: TurnParams, principal: str, listener: Listener | Notify, *, start: bool
+        self,
+        params: TurnParams,
+        principal: str,
+        listener: Listener | Notify,
+        *,
+        start: bool,
+        editor: EditorInput | None = None,
     ) -> TurnResult | UnavailableTurnResult:
         """``session.start`` (start=True) or ``session.message``: run one turn and return its result.
 
         ``listener`` (the requesting stream) receives the session's updates: for the rest of its
-        life when it has ``closers``, else while this turn runs. A session known only to the store
+        life when it has ``closers``, else while this turn runs. ``editor`` is what an ACP
+        editor adds (editor mode: content blocks, MCP servers, the fs/terminal link). A session known only to the store
         is loaded first; everything from then to the first ``await`` is synchronous, so turns are
         queued in the order the requests were read.
 
@@ -338,6 +345,7 @@ class Orchestrator:
             collect_artifacts=self.workspace.is_remote(cwd)
             or (params.return_artifacts and self.workspace.below_a_root(cwd)),
             not_listed=str(self.workspace.remote_root) if self.workspace.remote_root else None,
+            editor=editor,
         )
         turn = Turn(self, session, spec)
         session.admit(turn, start=start)

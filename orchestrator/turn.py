@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import uuid4
 
 import anyio
+import msgspec
 from msgspec import UNSET
 
 from bridge.rpc.codec import cut_utf8, utf8_len
 from bridge.rpc.redact import redact
 from compat.base import (
     Attachment,
+    ClientLink,
     PermissionEvent,
     ProviderSession,
     SessionStateEvent,
@@ -89,9 +91,12 @@ class TurnInput:
 
     __slots__ = (
         "attachments",
+        "client",
         "collect_artifacts",
+        "content",
         "cwd",
         "extra",
+        "mcp_servers",
         "not_listed",
         "principal",
         "prompt",
@@ -113,6 +118,7 @@ class TurnInput:
         turn_id: str = "",
         collect_artifacts: bool = False,
         not_listed: str | None = None,
+        editor: EditorInput | None = None,
     ) -> None:
         self.turn_id = turn_id or new_turn_id()  # also names the folder of its inline attachments
         self.collect_artifacts = collect_artifacts  # list cwd before the turn: its new files are artifacts
@@ -124,6 +130,19 @@ class TurnInput:
         self.principal = principal
         self.start = start
         self.extra = extra
+        self.content = editor.content if editor is not None else ()
+        self.mcp_servers = editor.mcp_servers if editor is not None else ()
+        self.client = editor.client if editor is not None else None
+
+
+class EditorInput(msgspec.Struct, frozen=True):
+    """What an ACP editor adds to a turn (editor mode; ``compat.base.TurnRequest`` has the same
+    fields): its prompt's content blocks, its ``mcpServers``, and the link for ``fs/*`` and
+    ``terminal/*``."""
+
+    content: tuple[dict[str, Any], ...] = ()
+    mcp_servers: tuple[dict[str, Any], ...] = ()
+    client: ClientLink | None = None
 
 
 class Turn:
@@ -283,11 +302,12 @@ class Turn:
         spec, host = self._spec, self._host
         await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
         self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
-        prompt = spec.prompt
+        prompt, content = spec.prompt, spec.content
         if self._session.restored:  # a new agent session continues a stored conversation
             self._session.restored = False
             if not spec.start and self._session.history:
                 prompt = with_history(self._session.history, prompt)
+                content = ()  # the text, with the history before it, is what the agent gets
                 self._context_restored = "history"
         request = TurnRequest(
             session_id=self._session.session_id,
@@ -299,6 +319,9 @@ class Turn:
             attachments=spec.attachments,
             principal=spec.principal,
             extra=spec.extra,
+            content=content,
+            mcp_servers=spec.mcp_servers,
+            client=spec.client,
         )
         self._outcome = await self.provider.run_turn(request, self)
         self.fire(Trigger.RESULT)

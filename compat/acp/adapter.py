@@ -23,7 +23,7 @@ import anyio.abc
 
 from bridge.rpc.redact import redact, register_env_secrets
 from compat.acp.capacity import AgentCapacity
-from compat.acp.connection import KILL_GRACE, AcpConnection
+from compat.acp.connection import KILL_GRACE, AcpConnection, ClientRequestHandler
 from compat.acp.session import AcpSession
 from compat.base import ProbeResult, ProviderInfo
 from compat.peer import NotificationHandler, PeerClosed, PeerError, RequestHandler, RequestTimeout
@@ -148,9 +148,12 @@ class AcpAdapter:
         launch_model: str | None,
         on_update: NotificationHandler | None = None,
         on_permission: RequestHandler | None = None,
+        client_capabilities: dict[str, Any] | None = None,
+        on_client_request: ClientRequestHandler | None = None,
     ) -> AcpConnection:
         """Spawn the configured agent (with ``modelFlag launch_model`` when given) and host its
-        pumps in the adapter's task group.
+        pumps in the adapter's task group; ``client_capabilities`` and ``on_client_request`` as
+        ``AcpConnection.start`` takes them.
 
         Raises:
             SpawnError: The command is not found or cannot be started.
@@ -161,7 +164,9 @@ class AcpAdapter:
         argv = self._argv()
         if launch_model and self.config.model_flag:
             argv += [self.config.model_flag, launch_model]
-        conn = await self._spawn(argv, cwd, launch_model, on_update, on_permission)
+        conn = await self._spawn(
+            argv, cwd, launch_model, on_update, on_permission, client_capabilities, on_client_request
+        )
         await self._host.start(conn.run)
         return conn
 
@@ -188,6 +193,8 @@ class AcpAdapter:
         launch_model: str | None,
         on_update: NotificationHandler | None = None,
         on_permission: RequestHandler | None = None,
+        client_capabilities: dict[str, Any] | None = None,
+        on_client_request: ClientRequestHandler | None = None,
     ) -> AcpConnection:
         return await AcpConnection.start(
             argv,
@@ -199,6 +206,8 @@ class AcpAdapter:
             client_version=self._client_version,
             on_update=on_update,
             on_permission=on_permission,
+            client_capabilities=client_capabilities,
+            on_client_request=on_client_request,
         )
 
     async def _probe(self, tg: anyio.abc.TaskGroup) -> ProbeResult:

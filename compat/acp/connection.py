@@ -16,13 +16,15 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from compat.base import CLIENT_METHODS, offers
 from compat.peer import (
     Call,
     JsonRpcPeer,
@@ -41,6 +43,9 @@ from compat.settings import Limits, Timeouts
 PROTOCOL_VERSION = 1
 AUTH_REQUIRED = -32000  # ACP's ErrorCode for "authentication required"
 CLIENT_INFO = {"name": "xworkmate-bridge", "title": "XWorkmate Bridge"}
+NO_CLIENT_CAPABILITIES: dict[str, Any] = {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
+ClientRequestHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+"""``handler(method, params)`` for an agent's ``fs/*`` / ``terminal/*`` request."""
 """``clientInfo`` in ``initialize``; the adapter adds the bridge's version."""
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL when the bridge ends an agent itself
 
@@ -63,6 +68,8 @@ class AcpConnection:
         self.launch_model = launch_model
         """The model passed with ``modelFlag`` on the command line, if any."""
         self.initialize_result: dict[str, Any] = {}
+        self.client_capabilities: dict[str, Any] = NO_CLIENT_CAPABILITIES
+        """What ``initialize`` advertises (fixed for the process's life)."""
         self.sessions: set[str] = set()
         """ACP session ids created or loaded in this process."""
         self._limits = limits
@@ -82,9 +89,13 @@ class AcpConnection:
         client_version: str = "",
         on_update: NotificationHandler | None = None,
         on_permission: RequestHandler | None = None,
+        client_capabilities: dict[str, Any] | None = None,
+        on_client_request: ClientRequestHandler | None = None,
     ) -> AcpConnection:
-        """Spawn the agent; every client method other than ``session/request_permission``
-        (``fs/*``, ``terminal/*``, extensions) is answered -32601 by the peer.
+        """Spawn the agent. ``client_capabilities`` (default: none) is what ``initialize``
+        advertises; the ``fs/*`` and ``terminal/*`` requests they allow go to
+        ``on_client_request(method, params)``. Every other client method but
+        ``session/request_permission`` (extensions too) is answered -32601 by the peer.
 
         Raises:
             SpawnError: The command could not be started.
@@ -97,6 +108,11 @@ class AcpConnection:
             stderr_tail_bytes=limits.stderr_tail_bytes,
         )
         conn = cls(process, limits, timeouts, launch_model, client_version)
+        conn.client_capabilities = client_capabilities or NO_CLIENT_CAPABILITIES
+        if on_client_request is not None:
+            for method in CLIENT_METHODS:
+                if offers(conn.client_capabilities, method):
+                    conn.peer.on_request(method, functools.partial(on_client_request, method))
         if on_update is not None:
             conn.peer.on_notification("session/update", on_update)
         if on_permission is not None:
@@ -166,45 +182,63 @@ class AcpConnection:
             self.peer.close(PeerProtocolError(str(exc)))
 
     async def initialize(self) -> dict[str, Any]:
-        """ACP ``initialize`` with no fs or terminal capabilities, bounded by
-        ``initializeTimeout``."""
+        """ACP ``initialize`` with :attr:`client_capabilities` (no fs or terminal unless an
+        editor relays them), bounded by ``initializeTimeout``."""
         params = {
             "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": {
-                "fs": {"readTextFile": False, "writeTextFile": False},
-                "terminal": False,
-            },
+            "clientCapabilities": self.client_capabilities,
             "clientInfo": self._client_info,
         }
         result = await self.peer.request("initialize", params, timeout=self._timeouts.initialize_timeout)
         self.initialize_result = result if isinstance(result, dict) and result else {"ok": True}
         return self.initialize_result
 
-    async def new_session(self, cwd: str, auth_method: str | None) -> dict[str, Any]:
-        """``session/new``; on -32000 with ``auth_method`` set, ``authenticate`` and retry once.
+    async def new_session(
+        self, cwd: str, auth_method: str | None, mcp_servers: Sequence[dict[str, Any]] = ()
+    ) -> dict[str, Any]:
+        """``session/new`` with the ``mcp_servers`` the agent can take (:meth:`usable_mcp_servers`);
+        on -32000 with ``auth_method`` set, ``authenticate`` and retry once.
 
         Raises:
             ResponseError: Including code -32000 when authentication is still required.
         """
+        servers = self.usable_mcp_servers(mcp_servers)
         try:
-            return await self._new_session(cwd)
+            return await self._new_session(cwd, servers)
         except ResponseError as exc:
             if exc.code != AUTH_REQUIRED or not auth_method:
                 raise
         await self.peer.request("authenticate", {"methodId": auth_method}, timeout=self._timeouts.initialize_timeout)
-        return await self._new_session(cwd)
+        return await self._new_session(cwd, servers)
 
-    async def _new_session(self, cwd: str) -> dict[str, Any]:
-        result = await self._call("session/new", {"cwd": cwd, "mcpServers": []})
+    def usable_mcp_servers(self, servers: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The ACP ``mcpServers`` entries this agent accepts: stdio ones always, ``http`` and
+        ``sse`` ones where its ``mcpCapabilities`` advertise them; the others are logged by name."""
+        caps = self.initialize_result.get("agentCapabilities")
+        mcp = caps.get("mcpCapabilities") if isinstance(caps, dict) else None
+        mcp = mcp if isinstance(mcp, dict) else {}
+        usable, left = [], []
+        for server in servers:
+            kind = server.get("type", "stdio")
+            (usable if kind == "stdio" or mcp.get(kind) is True else left).append(server)
+        if left:
+            names = ", ".join(f"{str(s.get('name', '?'))[:100]} ({s.get('type')})" for s in left[:20])
+            logger.warning("pid %d: the agent does not take these MCP servers: %s", self.process.pid, names)
+        return usable
+
+    async def _new_session(self, cwd: str, mcp_servers: list[dict[str, Any]]) -> dict[str, Any]:
+        result = await self._call("session/new", {"cwd": cwd, "mcpServers": mcp_servers})
         session_id = result.get("sessionId")
         if not isinstance(session_id, str) or not session_id:
             raise ResponseError(-32603, "session/new returned no sessionId")
         self.sessions.add(session_id)
         return result
 
-    async def load_session(self, session_id: str, cwd: str) -> dict[str, Any]:
+    async def load_session(
+        self, session_id: str, cwd: str, mcp_servers: Sequence[dict[str, Any]] = ()
+    ) -> dict[str, Any]:
         """``session/load``; the agent replays the history as updates before it answers."""
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": self.usable_mcp_servers(mcp_servers)}
         result = await self._call("session/load", params)
         self.sessions.add(session_id)
         return result

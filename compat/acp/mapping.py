@@ -196,8 +196,9 @@ def permission_outcome(option_id: str | None) -> dict[str, Any]:
 
 
 def prompt_blocks(request: TurnRequest) -> list[dict[str, Any]]:
-    """The prompt as one ``text`` block plus one ``resource_link`` block per attachment."""
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": request.prompt}]
+    """The prompt as one ``text`` block (or the editor's own content blocks, as it sent them)
+    plus one ``resource_link`` block per attachment."""
+    blocks: list[dict[str, Any]] = list(request.content) or [{"type": "text", "text": request.prompt}]
     for attachment in request.attachments:
         link = {"type": "resource_link", "uri": Path(attachment.path).as_uri()}
         link["name"] = attachment.name

@@ -30,7 +30,7 @@ import anyio
 
 from bridge.rpc.redact import redact
 from compat.acp.capacity import AgentCapacity, NoAgentCapacity
-from compat.acp.connection import KILL_GRACE, AcpConnection
+from compat.acp.connection import KILL_GRACE, AcpConnection, ClientRequestHandler
 from compat.acp.failures import TurnFailure, turn_failure
 from compat.acp.mapping import (
     SESSION_STATE_KINDS,
@@ -41,7 +41,7 @@ from compat.acp.mapping import (
     usage_from_result,
 )
 from compat.acp.models import ModelState
-from compat.base import TurnError, TurnOutcome, TurnRequest, TurnSink, TurnStatus
+from compat.base import TurnError, TurnOutcome, TurnRequest, TurnSink, TurnStatus, offers
 from compat.peer import Call, NotificationHandler, PeerError, RequestHandler, ResponseError
 from compat.process.spawn import SpawnError
 from compat.settings import Limits, ProviderConfig, Timeouts
@@ -68,6 +68,8 @@ class AgentHost(Protocol):
         launch_model: str | None,
         on_update: NotificationHandler | None = None,
         on_permission: RequestHandler | None = None,
+        client_capabilities: dict[str, Any] | None = None,
+        on_client_request: ClientRequestHandler | None = None,
     ) -> AcpConnection: ...
 
     def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None: ...
@@ -115,6 +117,7 @@ class AcpSession:
         self._closed = False
         self._idle_since: float | None = None
         self._idle_wake: anyio.Event | None = None
+        self._request: TurnRequest | None = None  # the running turn's input (its editor, MCP servers)
 
     @property
     def idle(self) -> bool:
@@ -186,6 +189,13 @@ class AcpSession:
     # ---- one turn ---------------------------------------------------------------------------------
 
     async def _run(self, turn: _TurnLink, request: TurnRequest) -> TurnOutcome:
+        self._request = request
+        try:
+            return await self._run_request(turn, request)
+        finally:
+            self._request = None
+
+    async def _run_request(self, turn: _TurnLink, request: TurnRequest) -> TurnOutcome:
         cwd = self._config.cwd or request.working_directory
         model = request.model or self._config.model
         phase = "initialize"
@@ -240,9 +250,15 @@ class AcpSession:
         assert self._turn is not None
         await self._host.capacity.acquire(self, self._turn.sink)  # maxLiveAgents, bridge-wide
         try:
+            client = self._request.client if self._request is not None else None
             with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
                 conn = self._conn = await self._host.start_connection(
-                    cwd, launch_model, self._on_update, self._on_permission
+                    cwd,
+                    launch_model,
+                    self._on_update,
+                    self._on_permission,
+                    client.capabilities if client is not None else None,
+                    self._on_client_request,
                 )
         except BaseException:
             self._host.capacity.release(self)
@@ -261,7 +277,7 @@ class AcpSession:
                 return previous, False
         self._start_opening()
         try:
-            result = await conn.new_session(cwd, self._config.auth_method)
+            result = await conn.new_session(cwd, self._config.auth_method, self._mcp_servers())
         finally:
             self._opening = False
         self._remember(turn, result["sessionId"], cwd, result)
@@ -271,7 +287,7 @@ class AcpSession:
         self._start_opening()
         self._replaying = True
         try:
-            result = await conn.load_session(session_id, cwd)
+            result = await conn.load_session(session_id, cwd, self._mcp_servers())
         except ResponseError as exc:
             logger.info("session/load %s failed (%s); starting fresh", session_id, exc.code)
             return False
@@ -279,6 +295,18 @@ class AcpSession:
             self._opening = self._replaying = False
         self._remember(turn, session_id, cwd, result)
         return True
+
+    def _mcp_servers(self) -> tuple[dict[str, Any], ...]:
+        return self._request.mcp_servers if self._request is not None else ()
+
+    async def _on_client_request(self, method: str, params: dict[str, Any]) -> Any:
+        """The agent's ``fs/*`` or ``terminal/*`` request, relayed to the editor of the running
+        turn (the capability was advertised because an editor started the agent); -32601 when
+        no turn's editor offers it now."""
+        client = self._request.client if self._request is not None else None
+        if client is None or not offers(client.capabilities, method):
+            raise ResponseError(-32601, f"{method} is not available: no editor offers it now")
+        return await client.request(method, params)
 
     def _start_opening(self) -> None:
         self._opening = True

@@ -16,18 +16,23 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from acp import PROTOCOL_VERSION, RequestError, text_block
+from acp import PROTOCOL_VERSION, RequestError, embedded_text_resource, resource_block, resource_link_block, text_block
 from acp.schema import (
     AgentMessageChunk,
     AllowedOutcome,
     AvailableCommandsUpdate,
     ClientCapabilities,
+    FileSystemCapabilities,
+    HttpMcpServer,
     Implementation,
+    McpServerStdio,
+    ReadTextFileResponse,
     RequestPermissionResponse,
     ToolCallProgress,
     ToolCallStart,
     UsageUpdate,
     UserMessageChunk,
+    WriteTextFileResponse,
 )
 from acp.stdio import spawn_agent_process
 
@@ -45,9 +50,10 @@ def config(tmp_path: Path) -> Path:
     data = {
         "workspaceRoots": [str(tmp_path)],
         "providers": {
-            "echo": agent(),
+            "echo": {"command": sys.executable, "args": [str(FAKE_AGENT), "--log", str(tmp_path / "echo.log")]},
             "slow": agent("slow"),
             "asker": agent("permission", permissionPolicy="ask"),
+            "files": agent("fs"),
         },
         "timeouts": {"cancelGrace": 1},
     }
@@ -64,6 +70,8 @@ class Editor:
         self.updates: list[tuple[str, Any]] = []
         self.asked: list[dict[str, Any]] = []
         self.choose: str | None = "opt-allow_once"
+        self.files: dict[str, str] = {}
+        self.relayed: list[tuple[str, str]] = []  # (method, sessionId)
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append((session_id, update))
@@ -73,6 +81,15 @@ class Editor:
     ) -> RequestPermissionResponse:
         self.asked.append({"sessionId": session_id, "options": [o.option_id for o in options], "tool": tool_call})
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=self.choose or ""))
+
+    async def read_text_file(self, path: str, session_id: str, **kwargs: Any) -> ReadTextFileResponse:
+        self.relayed.append(("fs/read_text_file", session_id))
+        return ReadTextFileResponse(content=self.files[path])
+
+    async def write_text_file(self, content: str, path: str, session_id: str, **kwargs: Any) -> WriteTextFileResponse:
+        self.relayed.append(("fs/write_text_file", session_id))
+        self.files[path] = content
+        return WriteTextFileResponse()
 
     def on_connect(self, conn: Any) -> None:
         pass
@@ -85,7 +102,7 @@ class Editor:
 
 
 @contextlib.asynccontextmanager
-async def bridge(tmp_path: Path, editor: Editor) -> AsyncIterator[Any]:
+async def bridge(tmp_path: Path, editor: Editor, caps: ClientCapabilities | None = None) -> AsyncIterator[Any]:
     async with spawn_agent_process(
         editor,
         *BRIDGE,
@@ -98,7 +115,7 @@ async def bridge(tmp_path: Path, editor: Editor) -> AsyncIterator[Any]:
     ) as (conn, _process):
         init = await conn.initialize(
             protocol_version=PROTOCOL_VERSION,
-            client_capabilities=ClientCapabilities(),
+            client_capabilities=caps or ClientCapabilities(),
             client_info=Implementation(name="test-editor", version="1"),
         )
         assert init.protocol_version == 1
@@ -124,7 +141,7 @@ async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option
         new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
         option = next(o for o in new.config_options or [] if o.id == "provider")
         assert option.current_value == "auto"
-        assert [v.value for v in option.options] == ["auto", "asker", "echo", "slow"]
+        assert [v.value for v in option.options] == ["auto", "asker", "echo", "files", "slow"]
         chosen = await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
         assert chosen.config_options[0].current_value == "echo"
         answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello bridge")])
@@ -262,3 +279,46 @@ def test_the_acp_dialect_is_plain_json_rpc_and_answers_broken_input(tmp_path: Pa
     assert by_id[2]["error"]["code"] == -32601  # the bridge's own methods are the other dialect
     assert by_id[3]["error"]["code"] == -32602
     assert len(answers) == 5  # the notification got nothing
+
+
+async def test_the_editors_fs_reaches_the_provider_agent_through_the_bridge(tmp_path: Path) -> None:
+    editor = Editor()
+    editor.files["/project/notes.txt"] = "buffer text, unsaved"
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True, write_text_file=True))
+    async with bridge(tmp_path, editor, caps) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="files")
+        answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("/project/notes.txt")])
+    assert answer.stop_reason == "end_turn"
+    assert editor.text() == "read: buffer text, unsaved wrote"
+    assert editor.files["/project/notes.txt.out"] == "BUFFER TEXT, UNSAVED"
+    assert editor.relayed == [("fs/read_text_file", new.session_id), ("fs/write_text_file", new.session_id)]
+
+
+async def test_without_the_editors_fs_the_agent_is_not_offered_it(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="files")
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("/project/notes.txt")])
+    assert editor.text() == "no fs" and editor.relayed == []
+
+
+async def test_mcp_servers_and_content_blocks_reach_the_provider_agent(tmp_path: Path) -> None:
+    stdio = McpServerStdio(name="docs", command="/usr/bin/env", args=["docs-mcp"], env=[])
+    http = HttpMcpServer(type="http", name="web", url="http://127.0.0.1:9/mcp", headers=[])
+    blocks = [
+        text_block("explain"),
+        resource_link_block("main.py", f"file://{tmp_path}/main.py"),
+        resource_block(embedded_text_resource(f"file://{tmp_path}/a.py", "print(1)")),
+    ]
+    async with bridge(tmp_path, Editor()) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[stdio, http])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
+        await conn.prompt(session_id=new.session_id, prompt=blocks)
+    received = [json.loads(line) for line in (tmp_path / "echo.log").read_text().splitlines()]
+    new_params = next(r["params"] for r in received if r.get("method") == "session/new")
+    # the agent advertises no http MCP: the stdio server only (the http one is logged by name)
+    assert new_params["mcpServers"] == [stdio.model_dump(by_alias=True, exclude_none=True)]
+    prompt = next(r["params"]["prompt"] for r in received if r.get("method") == "session/prompt")
+    assert prompt == [b.model_dump(by_alias=True, exclude_none=True) for b in blocks]

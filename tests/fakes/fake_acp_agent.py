@@ -40,6 +40,9 @@ Behaviour is chosen with ``--mode NAME`` (repeatable) or ``FAKE_ACP_MODE=a,b``:
                      Node agents write when they cut a string ("\ud83d")
     between-turns    20 ms after answering the prompt: a current_mode_update (between turns)
     silent           on the prompt: writes nothing until cancelled (a model that never answers)
+    fs               on the prompt "PATH": reads PATH with fs/read_text_file and writes its text
+                     upper-cased to PATH.out with fs/write_text_file when the client advertised
+                     them (chunks "read: <text>" and "wrote"), else chunks "no fs"
     bad-utf8         a chunk and the prompt result's _meta carry bytes that are not UTF-8
                      ("a\xff\xfeb", "caf\xe9", as a Latin-1 tool output gives them)
 
@@ -212,6 +215,7 @@ class FakeAgent:
     # ---- agent methods ----------------------------------------------------------------------
 
     def on_initialize(self, msg_id: object, params: dict) -> None:
+        self.client_caps = params.get("clientCapabilities") or {}
         if "garbage" in self.modes:
             self.write("Loaded cached credentials.")
         result = {
@@ -379,6 +383,8 @@ class FakeAgent:
             return self.permission(sid, cancelled)
         if "unknown-request" in modes:
             return self.unknown_requests(sid)
+        if "fs" in modes:
+            return self.use_fs(sid, text.strip())
         if "surrogate" in modes:
             self.chunk(sid, "smile \ud83d")  # cut inside the surrogate pair of U+1F600
             return "end_turn"
@@ -445,6 +451,19 @@ class FakeAgent:
         self.log(event="permission", outcome=outcome)
         self.chunk(sid, f"permission: {chosen}")
         return "cancelled" if cancelled.is_set() else "end_turn"
+
+    def use_fs(self, sid: str, path: str) -> str:
+        fs = getattr(self, "client_caps", {}).get("fs") or {}
+        if not (fs.get("readTextFile") and fs.get("writeTextFile")):
+            self.chunk(sid, "no fs")
+            return "end_turn"
+        read = self.ask("fs/read_text_file", {"sessionId": sid, "path": path}, "fs-read")
+        content = read.get("result", {}).get("content", "")
+        self.chunk(sid, f"read: {content}")
+        params = {"sessionId": sid, "path": path + ".out", "content": content.upper()}
+        wrote = self.ask("fs/write_text_file", params, "fs-write")
+        self.chunk(sid, " wrote" if "result" in wrote else f" write failed {wrote.get('error')}")
+        return "end_turn"
 
     def unknown_requests(self, sid: str) -> str:
         self.write({"jsonrpc": "2.0", "method": "_vendor.example/servers_changed", "params": {}})
