@@ -324,6 +324,17 @@ class AcpAgent:
     async def set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
         raise InvalidParams("this agent offers no session modes; pick the provider with the provider option")
 
+    def _with_own_commands(self, update: dict[str, Any]) -> dict[str, Any]:
+        """A provider agent's commands after the bridge's (``/provider``), which they never hide."""
+        own = self._commands()["availableCommands"]
+        theirs = update.get("availableCommands")
+        theirs = (
+            [c for c in theirs if isinstance(c, dict) and c.get("name") != "provider"]
+            if isinstance(theirs, list)
+            else []
+        )
+        return {**update, "availableCommands": own + theirs}
+
     def _commands(self) -> dict[str, Any]:
         commands = [
             {
@@ -411,6 +422,8 @@ class AcpAgent:
                 self._tg.start_soon(self._ask_permission, session_id, params)
             return
         update = acp_update(params)
+        if update is not None and update["sessionUpdate"] == "available_commands_update":
+            update = self._with_own_commands(update)  # an editor replaces its list with each update
         if update is not None:
             self._send_update(session_id, update)
 

@@ -147,7 +147,8 @@ async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option
         answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello bridge")])
     assert answer.stop_reason == "end_turn"
     assert editor.text() == "echo: hello bridge"
-    assert editor.of(AvailableCommandsUpdate), "the bridge's commands, then the agent's"
+    merged = editor.of(AvailableCommandsUpdate)[-1].available_commands
+    assert [c.name for c in merged] == ["provider", "help"], "the bridge's commands, then the agent's"
     starts = editor.of(ToolCallStart)
     assert [s.tool_call_id for s in starts] == ["t1"] and starts[0].title == "Read file"
     assert [p.status for p in editor.of(ToolCallProgress)][-1] == "completed"
