@@ -1,0 +1,70 @@
+"""Editor mode end to end: the official Python ACP SDK spawns ``xworkmate-bridge acp-stdio`` whose
+provider is a pinned real agent (offline recipe, the fake model server on 127.0.0.1), picks the
+provider through the ``provider`` config option, and streams a prompt through it. Every message
+the SDK receives is parsed with its schema models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from acp import PROTOCOL_VERSION, text_block
+from acp.schema import AgentMessageChunk, ClientCapabilities, Implementation
+from acp.stdio import spawn_agent_process
+
+from tests.e2e import agents
+from tests.e2e.test_bridge_agents import AGENTS, CHUNKS
+from tests.editor.test_acp_stdio import Editor
+from tests.fakes.fake_llm import FakeLLM, fake_llm  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def config(name: str, recipe: dict[str, Any], tmp_path: Path) -> Path:
+    provider = {
+        "type": "acp",
+        "command": recipe["command"],
+        "args": recipe["args"],
+        "env": recipe["env"],
+        "cwd": recipe.get("cwd"),
+        "authMethod": recipe.get("auth_method"),
+    }
+    data = {
+        "workspaceRoots": [str(tmp_path)],
+        "providers": {name: provider},
+        "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
+    }
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("name", AGENTS)
+async def test_an_editor_prompt_streams_a_real_agent_answer(name: str, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    assert agents.installed(name), f"{name} is missing from {agents.agents_dir()}: run `make agents`"
+    fake_llm.set_reply(chunks=CHUNKS, delay=0.02)
+    recipe = agents.recipe(name, fake_llm.base_url, tmp_path)
+    editor = Editor()
+    argv = ["-m", "bridge.cli", "acp-stdio", "--config", str(config(name, recipe, tmp_path))]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    async with spawn_agent_process(editor, sys.executable, *argv, cwd=str(ROOT)) as (conn, _process):
+        await conn.initialize(
+            protocol_version=PROTOCOL_VERSION,
+            client_capabilities=ClientCapabilities(),
+            client_info=Implementation(name="e2e-editor", version="1"),
+        )
+        new = await conn.new_session(cwd=str(recipe["session_cwd"]), mcp_servers=[])
+        chosen = await conn.set_config_option(session_id=new.session_id, config_id="provider", value=name)
+        assert chosen.config_options[0].current_value == name
+        answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("Say hello")])
+        again = await conn.prompt(session_id=new.session_id, prompt=[text_block("Once more")])
+    context = f"updates={editor.updates}\nllm={fake_llm.summary()}"
+    assert answer.stop_reason == "end_turn" and again.stop_reason == "end_turn", context
+    chunks = [u.content.text for u in editor.of(AgentMessageChunk)]
+    assert "Hello from mock" in "".join(chunks), context
+    assert [c for c in chunks if c.strip()][-3:] == CHUNKS, context
+    assert {sid for sid, _ in editor.updates} == {new.session_id}
