@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 PROVIDER_OPTION = "provider"
 """The id of the session config option that picks the provider."""
+MODEL_OPTION = "model"
+"""The id of the option that picks the provider agent's model (once its models are known)."""
 AUTO = "auto"
 """The ``provider`` option's value for the bridge's own routing."""
 LIST_PAGE = 50
@@ -101,7 +103,7 @@ def _read(params: dict[str, Any], shape: type[Any]) -> Any:
 class EditorSession:
     """What the agent keeps per ACP session: where it runs and which provider it uses."""
 
-    __slots__ = ("cwd", "listener", "mcp_servers", "provider", "started")
+    __slots__ = ("cwd", "listener", "mcp_servers", "model", "models", "provider", "started")
 
     def __init__(
         self, cwd: str, provider: str, listener: StreamListener, mcp_servers: list[dict[str, Any]], *, started: bool
@@ -111,6 +113,8 @@ class EditorSession:
         self.listener = listener
         self.mcp_servers = tuple(mcp_servers)  # the editor's, for the provider agent's session/new
         self.started = started  # a turn ran (session.message continues it)
+        self.models: dict[str, Any] | None = None  # the provider agent's model option, once known
+        self.model: str | None = None  # the model the editor picked (None: the agent's current)
 
 
 class AcpAgent:
@@ -238,6 +242,8 @@ class AcpAgent:
         session = self._open(request.session_id, cwd, request.mcp_servers, started=True)
         if snapshot.provider_id and snapshot.provider_id in self._providers():
             session.provider = snapshot.provider_id
+            state = snapshot.session_state.get("config_option_update")
+            self._learn_models(request.session_id, state, announce=False)  # the response has them
         if snapshot.state == "running":  # a turn that outlived its connection streams here too
             await self._orch.subscribe(
                 request.session_id, self._principal, session.listener, snapshot.last_seq, until_idle=False
@@ -295,9 +301,11 @@ class AcpAgent:
         return {p.provider_id: p.label for p in self._orch.capabilities().provider_catalog if p.enabled}
 
     def _config_options(self, session: EditorSession) -> list[dict[str, Any]]:
+        """The ``provider`` option, and the ``model`` option once the provider agent's models are
+        known (its ``model`` config option, from its ``session/new`` or a later update)."""
         options = [{"value": AUTO, "name": "Auto", "description": "the bridge's routing picks the provider"}]
         options += [{"value": pid, "name": label or pid} for pid, label in self._providers().items()]
-        return [
+        config = [
             {
                 "id": PROVIDER_OPTION,
                 "name": "Provider",
@@ -307,6 +315,29 @@ class AcpAgent:
                 "options": options,
             }
         ]
+        if session.models is not None:
+            current = session.model or session.models.get("currentValue")
+            config.append({**session.models, "id": MODEL_OPTION, "category": "model", "currentValue": current})
+        return config
+
+    def _learn_models(self, session_id: str, data: dict[str, Any] | None, *, announce: bool = True) -> None:
+        """A provider agent's ``config_option_update``: its ``model`` option becomes the editor's
+        ``model`` option (sent as the bridge's own ``config_option_update``)."""
+        session = self._sessions.get(session_id)
+        options = (data or {}).get("configOptions")
+        if session is None or not isinstance(options, list):
+            return
+        found = next((o for o in options if isinstance(o, dict) and o.get("category") == "model"), None)
+        if found is None or not isinstance(found.get("options"), list):
+            return
+        models = {k: found[k] for k in ("name", "description", "type", "currentValue", "options") if k in found}
+        models.setdefault("name", "Model")
+        if models.get("type") != "select" or models == session.models:
+            return
+        session.models = models
+        if announce:
+            update = {"sessionUpdate": "config_option_update", "configOptions": self._config_options(session)}
+            self._send_update(session_id, update)
 
     async def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
         """``session/set_config_option {sessionId, configId: "provider", value}`` → ``{configOptions}``.
@@ -314,10 +345,17 @@ class AcpAgent:
         Raises -32602 for another option or a value that is not an enabled provider (or ``auto``)."""
         request = _read(params, _SetOption)
         session = self._session(request.session_id)
+        if request.config_id == MODEL_OPTION and session.models is not None:
+            if request.value not in _option_values(session.models):
+                raise InvalidParams(f"not one of the provider's models: {str(request.value)[:100]}", field="value")
+            session.model = str(request.value)  # applied by the next prompt (TurnParams.model)
+            return {"configOptions": self._config_options(session)}
         if request.config_id != PROVIDER_OPTION:
             raise InvalidParams(f"unknown config option: {request.config_id[:100]}", field="configId")
         if request.value != AUTO and request.value not in self._providers():
             raise InvalidParams(f"not an enabled provider: {str(request.value)[:100]}", field="value")
+        if request.value != session.provider:  # another provider's models are not this one's
+            session.models = session.model = None
         session.provider = str(request.value)
         return {"configOptions": self._config_options(session)}
 
@@ -367,6 +405,7 @@ class AcpAgent:
                 "taskPrompt": text,
                 "workingDirectory": session.cwd,
                 "routing": None if session.provider == AUTO else {"explicitProviderId": session.provider},
+                "model": session.model,
             }
         )
         editor = EditorInput(
@@ -420,6 +459,9 @@ class AcpAgent:
         if params.get("type") == "permission":
             if self._tg is not None:
                 self._tg.start_soon(self._ask_permission, session_id, params)
+            return
+        if params.get("type") == "status" and params.get("event") == "config_option_update":
+            self._learn_models(session_id, params.get("data"))
             return
         update = acp_update(params)
         if update is not None and update["sessionUpdate"] == "available_commands_update":
@@ -551,6 +593,17 @@ def prompt_text(blocks: list[dict[str, Any]]) -> str:
     if not text.strip():
         raise InvalidParams("the prompt is empty", field="prompt")
     return text
+
+
+def _option_values(option: dict[str, Any]) -> list[Any]:
+    """The values of a select option, its groups flattened."""
+    values = []
+    for entry in option.get("options") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("options"), list):
+            values += [o.get("value") for o in entry["options"] if isinstance(o, dict)]
+        elif isinstance(entry, dict):
+            values.append(entry.get("value"))
+    return values
 
 
 def _prompt_response(result: TurnResult | UnavailableTurnResult) -> dict[str, Any]:

@@ -317,6 +317,8 @@ class AcpSession:
         self._acp_session_id, self._acp_cwd = session_id, cwd
         self._models.remember(result)
         turn.opened = True
+        if isinstance(result.get("configOptions"), list):  # the session's options from the start
+            turn.take({"sessionUpdate": "config_option_update", "configOptions": result["configOptions"]})
         self._last = None  # the turns before were on another ACP session
         early = [update for sid, update in self._early if sid == session_id]
         self._early.clear()

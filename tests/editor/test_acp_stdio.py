@@ -22,6 +22,7 @@ from acp.schema import (
     AllowedOutcome,
     AvailableCommandsUpdate,
     ClientCapabilities,
+    ConfigOptionUpdate,
     FileSystemCapabilities,
     HttpMcpServer,
     Implementation,
@@ -54,6 +55,10 @@ def config(tmp_path: Path) -> Path:
             "slow": agent("slow"),
             "asker": agent("permission", permissionPolicy="ask"),
             "files": agent("fs"),
+            "picky": {
+                "command": sys.executable,
+                "args": [str(FAKE_AGENT), "--mode", "configoptions", "--log", str(tmp_path / "picky.log")],
+            },
         },
         "timeouts": {"cancelGrace": 1},
     }
@@ -141,7 +146,7 @@ async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option
         new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
         option = next(o for o in new.config_options or [] if o.id == "provider")
         assert option.current_value == "auto"
-        assert [v.value for v in option.options] == ["auto", "asker", "echo", "files", "slow"]
+        assert [v.value for v in option.options] == ["auto", "asker", "echo", "files", "picky", "slow"]
         chosen = await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
         assert chosen.config_options[0].current_value == "echo"
         answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello bridge")])
@@ -323,3 +328,25 @@ async def test_mcp_servers_and_content_blocks_reach_the_provider_agent(tmp_path:
     assert new_params["mcpServers"] == [stdio.model_dump(by_alias=True, exclude_none=True)]
     prompt = next(r["params"]["prompt"] for r in received if r.get("method") == "session/prompt")
     assert prompt == [b.model_dump(by_alias=True, exclude_none=True) for b in blocks]
+
+
+async def test_the_provider_agents_models_become_the_editors_model_option(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        assert [o.id for o in new.config_options or []] == ["provider"]  # no agent yet: no models known
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="picky")
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("first")])
+        offered = editor.of(ConfigOptionUpdate)[-1].config_options
+        model = next(o for o in offered if o.id == "model")
+        assert model.category == "model" and model.current_value == "m-default"
+        assert [o.value for o in model.options] == ["m-default", "m-fast"]
+        chosen = await conn.set_config_option(session_id=new.session_id, config_id="model", value="m-fast")
+        assert next(o for o in chosen.config_options if o.id == "model").current_value == "m-fast"
+        with pytest.raises(RequestError) as unknown:
+            await conn.set_config_option(session_id=new.session_id, config_id="model", value="m-huge")
+        assert unknown.value.code == -32602
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("second")])
+    received = [json.loads(line) for line in (tmp_path / "picky.log").read_text().splitlines()]
+    sets = [r["params"] for r in received if r.get("method") == "session/set_config_option"]
+    assert [(p["configId"], p["value"]) for p in sets] == [("model", "m-fast")]
