@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -211,16 +212,17 @@ class AcpAgent:
         commands follow the response (an editor may hang on an update before it)."""
         request = _read(params, _NewSession)
         session_id = f"acp-{uuid.uuid4().hex}"
-        cwd = self._orch.workspace.working_directory(request.cwd, self._principal, session_id)
+        cwd = self._cwd(request.cwd, session_id)
         session = self._open(session_id, cwd, request.mcp_servers, started=False)
         return AfterReply(
             {"sessionId": session_id, "configOptions": self._config_options(session)},
             lambda: self._send_update(session_id, self._commands()),
         )
 
-    async def load_session(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def load_session(self, params: dict[str, Any]) -> AfterReply:
         """``session/load``: the stored conversation replayed as ``user_message_chunk`` and
-        ``agent_message_chunk`` updates, then ``{configOptions}``; the next prompt continues it.
+        ``agent_message_chunk`` updates (and a turn still running: its prompt, its updates so far,
+        then the rest live), then ``{configOptions}``; the next prompt continues it.
 
         Raises -32004 (``NOT_FOUND``) for a session this principal does not have."""
         request = _read(params, _SessionRef)
@@ -228,27 +230,52 @@ class AcpAgent:
         for role, text in await self._orch.history(request.session_id, self._principal):
             kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
             self._send_update(request.session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
-        return {"configOptions": self._config_options(session)}
+        running = self._orch.running_turn(request.session_id, self._principal)
+        if running is not None:  # a turn that outlived its connection: what it did so far, then live
+            prompt, first_seq = running
+            user = {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": prompt}}
+            self._send_update(request.session_id, user)
+            await self._subscribe(request.session_id, session, first_seq - 1)
+        return AfterReply({"configOptions": self._config_options(session)}, self._after_open(request.session_id))
 
-    async def resume_session(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``session/resume``: as ``session/load`` without the replay."""
-        session = await self._reopen(_read(params, _SessionRef))
-        return {"configOptions": self._config_options(session)}
+    async def resume_session(self, params: dict[str, Any]) -> AfterReply:
+        """``session/resume``: as ``session/load`` without the replay (a running turn's next
+        updates stream here)."""
+        request = _read(params, _SessionRef)
+        session = await self._reopen(request)
+        if self._orch.running_turn(request.session_id, self._principal) is not None:
+            snapshot = await self._orch.get(request.session_id, self._principal)
+            await self._subscribe(request.session_id, session, snapshot.last_seq)
+        return AfterReply({"configOptions": self._config_options(session)}, self._after_open(request.session_id))
+
+    async def _subscribe(self, session_id: str, session: EditorSession, after_seq: int) -> None:
+        await self._orch.subscribe(session_id, self._principal, session.listener, after_seq, until_idle=False)
+
+    def _after_open(self, session_id: str) -> Callable[[], None]:
+        return lambda: self._send_update(session_id, self._commands())
 
     async def _reopen(self, request: _SessionRef) -> EditorSession:
         snapshot = await self._orch.get(request.session_id, self._principal)
-        cwd = request.cwd or snapshot.working_directory
-        cwd = self._orch.workspace.working_directory(cwd, self._principal, request.session_id)
+        cwd = self._cwd(request.cwd or snapshot.working_directory, request.session_id)
         session = self._open(request.session_id, cwd, request.mcp_servers, started=True)
         if snapshot.provider_id and snapshot.provider_id in self._providers():
             session.provider = snapshot.provider_id
             state = snapshot.session_state.get("config_option_update")
             self._learn_models(request.session_id, state, announce=False)  # the response has them
-        if snapshot.state == "running":  # a turn that outlived its connection streams here too
-            await self._orch.subscribe(
-                request.session_id, self._principal, session.listener, snapshot.last_seq, until_idle=False
-            )
         return session
+
+    def _cwd(self, cwd: str | None, session_id: str) -> str:
+        """``cwd`` checked as ACP wants it (absolute) and as the bridge does (in a workspace root).
+
+        Raises:
+            InvalidParams: -32602 (``field: cwd``).
+        """
+        if cwd is not None and not os.path.isabs(cwd):
+            raise InvalidParams(f"cwd must be an absolute path: {cwd[:200]}", field="cwd")
+        try:
+            return self._orch.workspace.working_directory(cwd, self._principal, session_id)
+        except InvalidParams as exc:
+            raise InvalidParams(exc.message.replace("workingDirectory", "cwd"), field="cwd") from None
 
     async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
         request = _read(params, _SessionRef)
@@ -263,7 +290,9 @@ class AcpAgent:
         page = await self._orch.list_sessions(self._principal, request.cursor, LIST_PAGE)
         sessions = []
         for entry in page.sessions:
-            if entry.working_directory is None or (request.cwd and entry.working_directory != request.cwd):
+            if entry.working_directory is None or (
+                request.cwd and os.path.normpath(entry.working_directory) != os.path.normpath(request.cwd)
+            ):
                 continue
             info: dict[str, Any] = {
                 "sessionId": entry.session_id,
@@ -297,14 +326,34 @@ class AcpAgent:
     # ---- config options -----------------------------------------------------------------------------
 
     def _providers(self) -> dict[str, str]:
-        """Enabled providers, id -> label, in catalog order."""
-        return {p.provider_id: p.label for p in self._orch.capabilities().provider_catalog if p.enabled}
+        """Every configured provider, id -> label, in catalog order: the list stays the same
+        while probes come and go (a provider that needs authentication stays choosable, and its
+        prompt then says how to authenticate)."""
+        return {p.provider_id: p.label for p in self._orch.capabilities().provider_catalog}
+
+    def _provider_options(self) -> list[dict[str, Any]]:
+        options = [{"value": AUTO, "name": "Auto", "description": "the bridge's routing picks the provider"}]
+        for entry in self._orch.capabilities().provider_catalog:
+            option = {"value": entry.provider_id, "name": entry.label or entry.provider_id}
+            if isinstance(entry.unavailable_reason, str):
+                option["description"] = f"unavailable now: {entry.unavailable_reason}"[:300]
+            options.append(option)
+        return options
+
+    def _provider_id(self, value: str) -> str | None:
+        """``value`` as a provider id (``auto``, an id, or an id in other case or spelling), or None."""
+        value = value.strip()
+        if value.lower() == AUTO:
+            return AUTO
+        providers = self._providers()
+        resolved = self._orch.registry.resolve_id(value)
+        by_case = {pid.lower(): pid for pid in providers}
+        return resolved if resolved in providers else by_case.get(resolved.lower())
 
     def _config_options(self, session: EditorSession) -> list[dict[str, Any]]:
         """The ``provider`` option, and the ``model`` option once the provider agent's models are
         known (its ``model`` config option, from its ``session/new`` or a later update)."""
-        options = [{"value": AUTO, "name": "Auto", "description": "the bridge's routing picks the provider"}]
-        options += [{"value": pid, "name": label or pid} for pid, label in self._providers().items()]
+        options = self._provider_options()
         config = [
             {
                 "id": PROVIDER_OPTION,
@@ -352,12 +401,18 @@ class AcpAgent:
             return {"configOptions": self._config_options(session)}
         if request.config_id != PROVIDER_OPTION:
             raise InvalidParams(f"unknown config option: {request.config_id[:100]}", field="configId")
-        if request.value != AUTO and request.value not in self._providers():
-            raise InvalidParams(f"not an enabled provider: {str(request.value)[:100]}", field="value")
-        if request.value != session.provider:  # another provider's models are not this one's
-            session.models = session.model = None
-        session.provider = str(request.value)
+        provider = self._provider_id(request.value) if isinstance(request.value, str) else None
+        if provider is None:
+            raise InvalidParams(f"not a provider of this bridge: {str(request.value)[:100]}", field="value")
+        self._switch(request.session_id, session, provider)
         return {"configOptions": self._config_options(session)}
+
+    def _switch(self, session_id: str, session: EditorSession, provider: str) -> None:
+        """Use ``provider``: another provider's models and commands are not this one's."""
+        if provider != session.provider:
+            session.models = session.model = None
+            session.provider = provider
+            self._send_update(session_id, self._commands())
 
     async def set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
         raise InvalidParams("this agent offers no session modes; pick the provider with the provider option")
@@ -415,22 +470,23 @@ class AcpAgent:
         )
         request_id = REQUEST_ID.get()
         self._prompts[request_id] = request.session_id
+        start, session.started = not session.started, True  # a prompt sent meanwhile queues behind
         try:
-            result = await self._orch.run_turn(
-                turn, self._principal, session.listener, start=not session.started, editor=editor
-            )
+            result = await self._orch.run_turn(turn, self._principal, session.listener, start=start, editor=editor)
         finally:
             self._prompts.pop(request_id, None)
-        session.started = True
         return _prompt_response(result)
 
     def _provider_command(self, session_id: str, session: EditorSession, value: str) -> dict[str, Any]:
-        value = value.strip()
-        if value != AUTO and value not in self._providers():
-            reply = f"Unknown provider {value[:100]!r}. Choose auto or one of: {', '.join(self._providers())}."
+        choices = "auto, " + ", ".join(self._providers())
+        provider = self._provider_id(value) if value.strip() else None
+        if not value.strip():
+            reply = f"This session uses {session.provider}. Switch with /provider <id>: {choices}."
+        elif provider is None:
+            reply = f"Unknown provider {value.strip()[:100]!r}. Choose one of: {choices}."
         else:
-            session.provider = value
-            reply = f"This session now uses {value}."
+            self._switch(session_id, session, provider)
+            reply = f"This session now uses {provider}."
             self._send_update(
                 session_id, {"sessionUpdate": "config_option_update", "configOptions": self._config_options(session)}
             )
@@ -477,10 +533,11 @@ class AcpAgent:
 
     async def _ask_permission(self, session_id: str, params: dict[str, Any]) -> None:
         """Ask the editor (``session/request_permission``, the provider's options and tool call
-        unchanged) and answer the provider with its choice; a cancelled answer picks a reject
-        option when there is one."""
+        unchanged) and answer the provider with its choice at once; a cancelled or failed
+        answer, or an option the agent did not offer, picks a reject option when there is one."""
         options = params.get("options") or []
         tool_call = {"toolCallId": "permission", **(params.get("toolCall") or {})}
+        option_id = None
         try:
             answer = await self.peer.request(
                 "session/request_permission",
@@ -488,16 +545,18 @@ class AcpAgent:
                 timeout=PERMISSION_TIMEOUT,
             )
         except PeerError as exc:
-            log.info("%s: no permission answer from the editor: %s", self._id, exc)
-            return
-        outcome = answer.get("outcome") if isinstance(answer, dict) else None
-        option_id = (
-            outcome.get("optionId") if isinstance(outcome, dict) and outcome.get("outcome") == "selected" else None
-        )
-        if option_id is None:
+            log.info("%s: no permission answer from the editor (%s): rejected", self._id, exc)
+        else:
+            outcome = answer.get("outcome") if isinstance(answer, dict) else None
+            if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+                option_id = outcome.get("optionId")
+        offered = [o.get("optionId") for o in options if isinstance(o, dict)]
+        if option_id not in offered:  # cancelled, failed, or an option the agent did not offer
+            if option_id is not None:
+                log.info("%s: the editor chose an option not offered (%r): rejected", self._id, str(option_id)[:100])
             option_id = next((o.get("optionId") for o in options if str(o.get("kind", "")).startswith("reject")), None)
         if not isinstance(option_id, str):
-            return
+            return  # nothing to reject with: the turn's permissionTimeout or cancel ends the wait
         from orchestrator.models import PermissionParams
 
         try:
@@ -505,7 +564,7 @@ class AcpAgent:
                 PermissionParams(session_id=session_id, request_id=params["requestId"], option_id=option_id),
                 self._principal,
             )
-        except RpcError as exc:  # the turn ended meanwhile, or the editor made up an option
+        except RpcError as exc:  # the turn ended meanwhile
             log.info("%s: permission answer not used: %s", self._id, exc.message)
 
     def _backlog(self) -> int:
@@ -617,11 +676,16 @@ def _prompt_response(result: TurnResult | UnavailableTurnResult) -> dict[str, An
         return {"stopReason": "cancelled"}
     if not result.success:
         error = result.error
-        code = error.code if not isinstance(error, msgspec.UnsetType) else "INTERNAL_ERROR"
-        message = error.message if not isinstance(error, msgspec.UnsetType) else result.summary
-        raise ResponseError(
-            -32603, message or "the turn failed", {"code": code, "providerId": result.resolved_provider_id}
-        )
+        provider = result.resolved_provider_id
+        data: dict[str, Any] = {"code": "INTERNAL_ERROR", "providerId": provider}
+        message = result.summary or "the turn failed"
+        if not isinstance(error, msgspec.UnsetType):
+            data["code"], message = error.code, error.message or message
+            if isinstance(error.data, dict):  # e.g. the hint and authMethods of AGENT_AUTH_REQUIRED
+                data = {**error.data, **data}
+        hint = data.get("hint")
+        text = f"{provider}: {message}" if provider and not message.startswith(provider) else message
+        raise ResponseError(-32603, f"{text} ({hint})" if isinstance(hint, str) else text, data)
     return {"stopReason": result.stop_reason if result.stop_reason in STOP_REASONS else "end_turn"}
 
 

@@ -545,6 +545,15 @@ class Orchestrator:
         """
         return list((await self._known(principal, session_id)).history)
 
+    def running_turn(self, session_id: str, principal: str) -> tuple[str, int] | None:
+        """The running turn of a loaded session: its prompt and the ``seq`` of its first update
+        (editor mode's ``session/load`` replays it), or None."""
+        session = self.sessions.get(session_id, principal)
+        turn = session.active if session is not None else None
+        if turn is None or turn.first_seq is None:
+            return None
+        return turn.prompt, turn.first_seq
+
     async def _snapshot(self, session: Session) -> SessionSnapshot:
         turns: list[TurnSummary] = []
         if self.store is not None:

@@ -36,6 +36,10 @@ class QueuedTurn(Protocol):
     """What a session needs of the turns it queues (``orchestrator.turn.Turn``)."""
 
     ended: anyio.Event
+    first_seq: int | None  # the seq of its first update, once it published one
+
+    @property
+    def prompt(self) -> str: ...
 
     @property
     def stopping(self) -> bool:

@@ -55,6 +55,8 @@ def config(tmp_path: Path) -> Path:
             "slow": agent("slow"),
             "asker": agent("permission", permissionPolicy="ask"),
             "files": agent("fs"),
+            "locked": agent("auth"),
+            "ghost": {"command": str(tmp_path / "no-such-agent")},
             "picky": {
                 "command": sys.executable,
                 "args": [str(FAKE_AGENT), "--mode", "configoptions", "--log", str(tmp_path / "picky.log")],
@@ -146,7 +148,16 @@ async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option
         new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
         option = next(o for o in new.config_options or [] if o.id == "provider")
         assert option.current_value == "auto"
-        assert [v.value for v in option.options] == ["auto", "asker", "echo", "files", "picky", "slow"]
+        assert [v.value for v in option.options] == [
+            "auto",
+            "asker",
+            "echo",
+            "files",
+            "ghost",
+            "locked",
+            "picky",
+            "slow",
+        ]
         chosen = await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
         assert chosen.config_options[0].current_value == "echo"
         answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello bridge")])
@@ -235,7 +246,8 @@ async def test_sessions_are_listed_and_loaded_after_a_restart_with_their_convers
         answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("and now?")])
     assert loaded.config_options[0].current_value == "echo"
     kinds = [type(u).__name__ for _, u in replayed]
-    assert kinds == ["UserMessageChunk", "AgentMessageChunk"]
+    assert kinds[:2] == ["UserMessageChunk", "AgentMessageChunk"]
+    assert [c.name for c in second.of(AvailableCommandsUpdate)[0].available_commands][:1] == ["provider"]
     assert second.of(UserMessageChunk)[0].content.text == "remember me"
     assert replayed[1][1].content.text == "echo: remember me"
     assert answer.stop_reason == "end_turn" and "and now?" in second.text()
@@ -248,7 +260,10 @@ async def test_unknown_sessions_methods_and_content_get_clear_errors(tmp_path: P
         assert unknown.value.code == -32004
         with pytest.raises(RequestError) as outside:
             await conn.new_session(cwd="/", mcp_servers=[])
-        assert outside.value.code == -32602
+        assert outside.value.code == -32602 and "cwd is outside the workspace roots" in str(outside.value)
+        with pytest.raises(RequestError) as relative:
+            await conn.new_session(cwd="project", mcp_servers=[])
+        assert relative.value.code == -32602 and "absolute" in str(relative.value)
         new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
         with pytest.raises(RequestError) as bad_option:
             await conn.set_config_option(session_id=new.session_id, config_id="provider", value="nobody")
@@ -350,3 +365,40 @@ async def test_the_provider_agents_models_become_the_editors_model_option(tmp_pa
     received = [json.loads(line) for line in (tmp_path / "picky.log").read_text().splitlines()]
     sets = [r["params"] for r in received if r.get("method") == "session/set_config_option"]
     assert [(p["configId"], p["value"]) for p in sets] == [("model", "m-fast")]
+
+
+async def test_a_provider_that_cannot_run_stays_choosable_and_its_prompt_says_why(tmp_path: Path) -> None:
+    async with bridge(tmp_path, Editor()) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        ghost = next(o for o in new.config_options[0].options if o.value == "ghost")
+        assert ghost.description and ghost.description.startswith("unavailable now:")
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="ghost")
+        with pytest.raises(RequestError) as unavailable:
+            await conn.prompt(session_id=new.session_id, prompt=[text_block("hi")])
+    assert unavailable.value.code == -32603
+    assert unavailable.value.data["code"] == "PROVIDER_UNAVAILABLE"
+
+
+async def test_an_agent_that_needs_authentication_says_how_in_the_error(tmp_path: Path) -> None:
+    async with bridge(tmp_path, Editor()) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="locked")
+        with pytest.raises(RequestError) as locked:
+            await conn.prompt(session_id=new.session_id, prompt=[text_block("hi")])
+        data = locked.value.data
+        assert data["code"] == "AGENT_AUTH_REQUIRED" and data["providerId"] == "locked"
+        assert data["authMethods"] == ["fake-key"] and data["hint"]
+        assert str(locked.value).startswith("locked: ")
+        again = await conn.set_config_option(session_id=new.session_id, config_id="provider", value="locked")
+        assert "locked" in [o.value for o in again.config_options[0].options]  # still offered
+
+
+async def test_a_permission_answer_naming_no_offered_option_is_a_rejection_at_once(tmp_path: Path) -> None:
+    editor = Editor()
+    editor.choose = "made-up-option"
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="asker")
+        with anyio.fail_after(20):  # permissionTimeout (60 s) must not be what ends it
+            answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("write it")])
+    assert answer.stop_reason == "end_turn" and "permission: opt-reject_once" in editor.text()

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import yaml
 from acp import PROTOCOL_VERSION, connect_to_agent, text_block
-from acp.schema import ClientCapabilities
+from acp.schema import ClientCapabilities, UserMessageChunk
 from acp.ws import create_websocket_stream
 from websockets.exceptions import InvalidStatus
 
@@ -34,7 +35,11 @@ def served(tmp_path: Path) -> Iterator[Bridge]:
     data = {
         "workspaceRoots": [str(tmp_path)],
         "authTokens": TOKENS,
-        "providers": {"echo": {"command": sys.executable, "args": [str(FAKE_AGENT)]}},
+        "providers": {
+            "echo": {"command": sys.executable, "args": [str(FAKE_AGENT)]},
+            "slow": {"command": sys.executable, "args": [str(FAKE_AGENT), "--mode", "slow"]},
+        },
+        "timeouts": {"cancelGrace": 1},
     }
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(yaml.safe_dump(data))
@@ -104,3 +109,30 @@ async def test_a_session_the_app_started_opens_in_the_editor_of_the_same_token_o
             await conn.load_session(session_id="from-the-app", cwd=str(tmp_path), mcp_servers=[])
         assert getattr(unknown.value, "code", None) == -32004
     assert theirs.updates == []
+
+
+async def test_a_turn_that_outlived_its_socket_is_replayed_and_streams_on_after_session_load(
+    served: Bridge, tmp_path: Path
+) -> None:
+    first = Editor()
+    async with editor_on(served, ALICE, first) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="slow")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: conn.prompt(session_id=new.session_id, prompt=[text_block("count")]))
+            with anyio.fail_after(20):
+                while "1 " not in first.text():
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()  # the editor goes away mid-turn
+    second = Editor()
+    async with editor_on(served, ALICE, second) as conn:
+        await conn.load_session(session_id=new.session_id, cwd=str(tmp_path), mcp_servers=[])
+        assert second.of(UserMessageChunk)[0].content.text == "count"
+        assert second.text().startswith("0 1 "), "what the turn streamed before the reload"
+        seen = len(second.text())
+        with anyio.fail_after(20):
+            while len(second.text()) <= seen + 4:  # and what it streams after, live
+                await anyio.sleep(0.01)
+        await conn.cancel(session_id=new.session_id)
+    numbers = second.text().split()
+    assert numbers == [str(n) for n in range(len(numbers))], "no gap, no duplicate"

@@ -130,6 +130,9 @@ class Reply:
 
     chunks: list[str] = field(default_factory=lambda: [DEFAULT_REPLY])
     delay: float = 0.0  # seconds to wait before each chunk
+    function_call: dict[str, Any] | None = None
+    """Gemini only: ``{name, args}``, answered as one ``functionCall`` part after the chunks (an
+    agent's tool use: its next request carries the ``functionResponse``)."""
 
     @property
     def text(self) -> str:
@@ -767,7 +770,7 @@ class FakeLLM:
             return JSONResponse({"candidates": [cand(reply.text, True)], "usageMetadata": usage, "modelVersion": model})
 
         async def gen() -> AsyncIterator[bytes]:
-            last = len(reply.chunks) - 1
+            last = len(reply.chunks) - 1 + (reply.function_call is not None)
             for i, part in enumerate(reply.chunks):
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
@@ -775,6 +778,10 @@ class FakeLLM:
                 if i == last:
                     obj["usageMetadata"] = usage
                 yield _sse_data(obj, crlf=False)
+            if reply.function_call is not None:
+                call = {"role": "model", "parts": [{"functionCall": reply.function_call}]}
+                obj = {"candidates": [{"content": call, "index": 0, "finishReason": "STOP"}], "modelVersion": model}
+                yield _sse_data(obj | {"usageMetadata": usage}, crlf=False)
 
         if request.query_params.get("alt") == "sse":
             return _sse(gen())
