@@ -91,6 +91,8 @@ class Editor:
 
     async def read_text_file(self, path: str, session_id: str, **kwargs: Any) -> ReadTextFileResponse:
         self.relayed.append(("fs/read_text_file", session_id))
+        if path not in self.files:  # as editors answer (agents read this as ENOENT)
+            raise RequestError.resource_not_found(path)
         return ReadTextFileResponse(content=self.files[path])
 
     async def write_text_file(self, content: str, path: str, session_id: str, **kwargs: Any) -> WriteTextFileResponse:
