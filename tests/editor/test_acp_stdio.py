@@ -404,3 +404,63 @@ async def test_a_permission_answer_naming_no_offered_option_is_a_rejection_at_on
         with anyio.fail_after(20):  # permissionTimeout (60 s) must not be what ends it
             answer = await conn.prompt(session_id=new.session_id, prompt=[text_block("write it")])
     assert answer.stop_reason == "end_turn" and "permission: opt-reject_once" in editor.text()
+
+
+def test_when_the_editor_goes_away_its_running_turn_is_cancelled_recorded_and_the_bridge_exits(
+    tmp_path: Path,
+) -> None:
+    argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parents[2]
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    def answer(request_id: int) -> dict[str, Any]:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            message = json.loads(line)
+            if message.get("id") == request_id and "method" not in message:
+                return message
+        raise AssertionError("no answer")
+
+    try:
+        send({"id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
+        answer(0)
+        send({"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}})
+        sid = answer(1)["result"]["sessionId"]
+        send(
+            {
+                "id": 2,
+                "method": "session/set_config_option",
+                "params": {"sessionId": sid, "configId": "provider", "value": "slow"},
+            }
+        )
+        answer(2)
+        send(
+            {
+                "id": 3,
+                "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]},
+            }
+        )
+        for line in proc.stdout:
+            update = json.loads(line).get("params", {}).get("update", {})
+            if update.get("content", {}).get("text") == "1 ":
+                break
+        proc.stdin.close()  # the editor is gone
+        rest = [json.loads(line) for line in proc.stdout]
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert next(m for m in rest if m.get("id") == 3)["result"] == {"stopReason": "cancelled"}
+    get = {"jsonrpc": "2.0", "id": 1, "method": "session.get", "params": {"sessionId": sid}}
+    again = subprocess.run(
+        argv, input=json.dumps(get).encode() + b"\n", capture_output=True, timeout=60, cwd=Path(__file__).parents[2]
+    )
+    snapshot = json.loads(again.stdout.splitlines()[-1])["result"]
+    assert snapshot["turns"][0]["status"] == "cancelled"
