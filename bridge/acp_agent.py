@@ -37,7 +37,7 @@ import anyio.abc
 import msgspec
 
 from bridge import __version__
-from bridge.rpc.errors import InvalidParams, RpcError
+from bridge.rpc.errors import InvalidParams, LimitReached, RpcError
 from compat.peer import REQUEST_ID, AfterReply, JsonRpcPeer, PeerError, ResponseError, Write
 from orchestrator.results import TurnResult, UnavailableTurnResult
 from orchestrator.service import Orchestrator
@@ -312,6 +312,17 @@ class AcpAgent:
             lambda method, update: self._relay(session_id, update), self._id, self._closers, self._backlog
         )
         session = EditorSession(cwd, AUTO, listener, mcp_servers, started=started)
+        self._sessions.pop(session_id, None)
+        if len(self._sessions) >= self._orch.limits.max_sessions_per_token:
+            # A connection holds at most maxSessionsPerToken: the oldest that never ran a turn
+            # makes room (it holds nothing but its choices), else the editor is told.
+            unused = next((sid for sid, s in self._sessions.items() if not s.started), None)
+            if unused is None:
+                raise LimitReached(
+                    "this connection has maxSessionsPerToken sessions open; close some (session/close)",
+                    limit="maxSessionsPerToken",
+                )
+            del self._sessions[unused]
         self._sessions[session_id] = session
         return session
 

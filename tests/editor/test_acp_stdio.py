@@ -63,6 +63,7 @@ def config(tmp_path: Path) -> Path:
             },
         },
         "timeouts": {"cancelGrace": 1},
+        "limits": {"maxSessionsPerToken": 20},
     }
     path = tmp_path / "bridge.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -464,3 +465,18 @@ def test_when_the_editor_goes_away_its_running_turn_is_cancelled_recorded_and_th
     )
     snapshot = json.loads(again.stdout.splitlines()[-1])["result"]
     assert snapshot["turns"][0]["status"] == "cancelled"
+
+
+async def test_a_flood_of_session_new_holds_at_most_max_sessions_per_token(tmp_path: Path) -> None:
+    async with bridge(tmp_path, Editor()) as conn:
+        used = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=used.session_id, config_id="provider", value="echo")
+        await conn.prompt(session_id=used.session_id, prompt=[text_block("keep me")])
+        flood = [(await conn.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id for _ in range(60)]
+        with pytest.raises(RequestError) as evicted:  # the oldest unused ones made room
+            await conn.prompt(session_id=flood[0], prompt=[text_block("hi")])
+        assert evicted.value.code == -32004
+        answer = await conn.prompt(session_id=used.session_id, prompt=[text_block("still here")])
+        assert answer.stop_reason == "end_turn"
+        newest = await conn.set_config_option(session_id=flood[-1], config_id="provider", value="echo")
+        assert newest.config_options[0].current_value == "echo"
