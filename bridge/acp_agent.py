@@ -49,8 +49,6 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 PROVIDER_OPTION = "provider"
 """The id of the session config option that picks the provider."""
-MODEL_OPTION = "model"
-"""The id of the option that picks the provider agent's model (once its models are known)."""
 AUTO = "auto"
 """The ``provider`` option's value for the bridge's own routing."""
 LIST_PAGE = 50
@@ -89,6 +87,11 @@ class _SetOption(msgspec.Struct, rename="camel"):
     value: str | bool
 
 
+class _SetMode(msgspec.Struct, rename="camel"):
+    session_id: str
+    mode_id: str
+
+
 class _List(msgspec.Struct, rename="camel"):
     cwd: str | None = None
     cursor: str | None = None
@@ -104,7 +107,7 @@ def _read(params: dict[str, Any], shape: type[Any]) -> Any:
 class EditorSession:
     """What the agent keeps per ACP session: where it runs and which provider it uses."""
 
-    __slots__ = ("cwd", "listener", "mcp_servers", "model", "models", "provider", "started")
+    __slots__ = ("agent_options", "chosen", "cwd", "listener", "mcp_servers", "provider", "started")
 
     def __init__(
         self, cwd: str, provider: str, listener: StreamListener, mcp_servers: list[dict[str, Any]], *, started: bool
@@ -114,8 +117,24 @@ class EditorSession:
         self.listener = listener
         self.mcp_servers = tuple(mcp_servers)  # the editor's, for the provider agent's session/new
         self.started = started  # a turn ran (session.message continues it)
-        self.models: dict[str, Any] | None = None  # the provider agent's model option, once known
-        self.model: str | None = None  # the model the editor picked (None: the agent's current)
+        self.agent_options: list[dict[str, Any]] = []  # the provider agent's select options, once known
+        self.chosen: dict[str, str] = {}  # configId -> value the editor picked among them
+
+    def model(self) -> str | None:
+        """The value picked for the agent's ``model``-category option (the turn's ``model``)."""
+        return next(
+            (
+                self.chosen[o["id"]]
+                for o in self.agent_options
+                if o.get("category") == "model" and o["id"] in self.chosen
+            ),
+            None,
+        )
+
+    def other_choices(self) -> dict[str, str]:
+        """The values picked for the agent's other options (mode, thought level, …)."""
+        model_ids = {o["id"] for o in self.agent_options if o.get("category") == "model"}
+        return {k: v for k, v in self.chosen.items() if k not in model_ids}
 
 
 class AcpAgent:
@@ -261,7 +280,7 @@ class AcpAgent:
         if snapshot.provider_id and snapshot.provider_id in self._providers():
             session.provider = snapshot.provider_id
             state = snapshot.session_state.get("config_option_update")
-            self._learn_models(request.session_id, state, announce=False)  # the response has them
+            self._learn_options(request.session_id, state, announce=False)  # the response has them
         return session
 
     def _cwd(self, cwd: str | None, session_id: str) -> str:
@@ -375,40 +394,48 @@ class AcpAgent:
                 "options": options,
             }
         ]
-        if session.models is not None:
-            current = session.model or session.models.get("currentValue")
-            config.append({**session.models, "id": MODEL_OPTION, "category": "model", "currentValue": current})
+        for option in session.agent_options:
+            config.append({**option, "currentValue": session.chosen.get(option["id"], option.get("currentValue"))})
         return config
 
-    def _learn_models(self, session_id: str, data: dict[str, Any] | None, *, announce: bool = True) -> None:
-        """A provider agent's ``config_option_update``: its ``model`` option becomes the editor's
-        ``model`` option (sent as the bridge's own ``config_option_update``)."""
+    def _learn_options(self, session_id: str, data: dict[str, Any] | None, *, announce: bool = True) -> None:
+        """A provider agent's ``config_option_update`` (or its ``session/new`` options): its
+        select options (model, mode, thought level, …) join the editor's options after
+        ``provider`` (sent as the bridge's own ``config_option_update``)."""
         session = self._sessions.get(session_id)
         options = (data or {}).get("configOptions")
         if session is None or not isinstance(options, list):
             return
-        found = next((o for o in options if isinstance(o, dict) and o.get("category") == "model"), None)
-        if found is None or not isinstance(found.get("options"), list):
+        learned = [
+            {k: o[k] for k in ("id", "name", "description", "category", "type", "currentValue", "options") if k in o}
+            for o in options
+            if isinstance(o, dict)
+            and o.get("type") == "select"
+            and isinstance(o.get("id"), str)
+            and o["id"] != PROVIDER_OPTION
+            and isinstance(o.get("options"), list)
+        ]
+        if learned == session.agent_options:
             return
-        models = {k: found[k] for k in ("name", "description", "type", "currentValue", "options") if k in found}
-        models.setdefault("name", "Model")
-        if models.get("type") != "select" or models == session.models:
-            return
-        session.models = models
+        session.agent_options = learned
+        known = {o["id"] for o in learned}
+        session.chosen = {k: v for k, v in session.chosen.items() if k in known}
         if announce:
             update = {"sessionUpdate": "config_option_update", "configOptions": self._config_options(session)}
             self._send_update(session_id, update)
 
     async def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``session/set_config_option {sessionId, configId: "provider", value}`` → ``{configOptions}``.
+        """``session/set_config_option {sessionId, configId, value}`` → ``{configOptions}``: the
+        ``provider``, or one of the provider agent's options (applied before the next prompt).
 
-        Raises -32602 for another option or a value that is not an enabled provider (or ``auto``)."""
+        Raises -32602 for an unknown option or a value the option does not list."""
         request = _read(params, _SetOption)
         session = self._session(request.session_id)
-        if request.config_id == MODEL_OPTION and session.models is not None:
-            if request.value not in _option_values(session.models):
-                raise InvalidParams(f"not one of the provider's models: {str(request.value)[:100]}", field="value")
-            session.model = str(request.value)  # applied by the next prompt (TurnParams.model)
+        agent_option = next((o for o in session.agent_options if o["id"] == request.config_id), None)
+        if agent_option is not None:
+            if request.value not in _option_values(agent_option):
+                raise InvalidParams(f"not one of the option's values: {str(request.value)[:100]}", field="value")
+            session.chosen[request.config_id] = str(request.value)  # applied by the next prompt
             return {"configOptions": self._config_options(session)}
         if request.config_id != PROVIDER_OPTION:
             raise InvalidParams(f"unknown config option: {request.config_id[:100]}", field="configId")
@@ -419,14 +446,26 @@ class AcpAgent:
         return {"configOptions": self._config_options(session)}
 
     def _switch(self, session_id: str, session: EditorSession, provider: str) -> None:
-        """Use ``provider``: another provider's models and commands are not this one's."""
+        """Use ``provider``: another provider's options and commands are not this one's."""
         if provider != session.provider:
-            session.models = session.model = None
+            session.agent_options, session.chosen = [], {}
             session.provider = provider
             self._send_update(session_id, self._commands())
 
     async def set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
-        raise InvalidParams("this agent offers no session modes; pick the provider with the provider option")
+        """``session/set_mode {sessionId, modeId}``: the provider agent's ``mode``-category option,
+        as ``session/set_config_option`` sets it.
+
+        Raises -32602 when the provider agent has no such option (or not this mode)."""
+        request = _read(params, _SetMode)
+        session = self._session(request.session_id)
+        option = next((o for o in session.agent_options if o.get("category") == "mode"), None)
+        if option is None:
+            raise InvalidParams("the provider offers no modes (yet: they are known once its agent started)")
+        if request.mode_id not in _option_values(option):
+            raise InvalidParams(f"not one of the provider's modes: {request.mode_id[:100]}", field="modeId")
+        session.chosen[option["id"]] = request.mode_id
+        return {}
 
     def _with_own_commands(self, update: dict[str, Any]) -> dict[str, Any]:
         """A provider agent's commands after the bridge's (``/provider``), which they never hide."""
@@ -471,13 +510,14 @@ class AcpAgent:
                 "taskPrompt": text,
                 "workingDirectory": session.cwd,
                 "routing": None if session.provider == AUTO else {"explicitProviderId": session.provider},
-                "model": session.model,
+                "model": session.model(),
             }
         )
         editor = EditorInput(
             content=tuple(request.prompt),
             mcp_servers=session.mcp_servers,
             client=EditorLink(self.peer, request.session_id, self._client_capabilities),
+            config_options=session.other_choices(),
         )
         request_id = REQUEST_ID.get()
         self._prompts[request_id] = request.session_id
@@ -528,7 +568,7 @@ class AcpAgent:
                 self._tg.start_soon(self._ask_permission, session_id, params)
             return
         if params.get("type") == "status" and params.get("event") == "config_option_update":
-            self._learn_models(session_id, params.get("data"))
+            self._learn_options(session_id, params.get("data"))
             return
         update = acp_update(params)
         if update is not None and update["sessionUpdate"] == "available_commands_update":

@@ -189,9 +189,11 @@ def offers(capabilities: dict[str, Any], method: str) -> bool:
 class TurnRequest(msgspec.Struct, frozen=True):
     """One turn's input, already validated by the orchestrator.
 
-    ``content``, ``mcp_servers`` and ``client`` come from an ACP editor (editor mode): its prompt
-    as ACP content blocks (``prompt`` is the same as text), its ``mcpServers``, and the link that
-    relays the agent's ``fs/*`` and ``terminal/*`` requests to it.
+    ``content``, ``mcp_servers``, ``client`` and ``config_options`` come from an ACP editor
+    (editor mode): its prompt as ACP content blocks (``prompt`` is the same as text), its
+    ``mcpServers``, the link that relays the agent's ``fs/*`` and ``terminal/*`` requests to it,
+    and the values it chose for the agent's own config options (mode, thought level; the model
+    is ``model``).
     """
 
     session_id: str
@@ -206,6 +208,7 @@ class TurnRequest(msgspec.Struct, frozen=True):
     content: tuple[dict[str, Any], ...] = ()
     mcp_servers: tuple[dict[str, Any], ...] = ()
     client: ClientLink | None = None
+    config_options: dict[str, str] = msgspec.field(default_factory=dict)  # the agent's, by id: value
 
     def text_prompt(self) -> str:
         """The prompt for a provider that takes text only (exec profiles): the attachments, which

@@ -93,6 +93,7 @@ class TurnInput:
         "attachments",
         "client",
         "collect_artifacts",
+        "config_options",
         "content",
         "cwd",
         "extra",
@@ -133,6 +134,7 @@ class TurnInput:
         self.content = editor.content if editor is not None else ()
         self.mcp_servers = editor.mcp_servers if editor is not None else ()
         self.client = editor.client if editor is not None else None
+        self.config_options = dict(editor.config_options) if editor is not None else {}
 
 
 class EditorInput(msgspec.Struct, frozen=True):
@@ -143,6 +145,7 @@ class EditorInput(msgspec.Struct, frozen=True):
     content: tuple[dict[str, Any], ...] = ()
     mcp_servers: tuple[dict[str, Any], ...] = ()
     client: ClientLink | None = None
+    config_options: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class Turn:
@@ -323,6 +326,7 @@ class Turn:
             content=content,
             mcp_servers=spec.mcp_servers,
             client=spec.client,
+            config_options=spec.config_options,
         )
         self._outcome = await self.provider.run_turn(request, self)
         self.fire(Trigger.RESULT)

@@ -12,7 +12,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from bridge.rpc.redact import redact
@@ -79,6 +79,34 @@ class ModelState:
             return None
         self._applied = model
         return model
+
+    async def apply_options(
+        self,
+        conn: AcpConnection,
+        session_id: str,
+        values: Mapping[str, str],
+        emit: Callable[[TurnEvent], None],
+    ) -> None:
+        """Set the session's other config options (``{configId: value}``, an editor's choice of
+        mode or thought level) where the agent's current value differs; a refusal is a
+        ``StatusEvent("config_option_not_applied")``, not a turn failure."""
+        options = self._result.get("configOptions")
+        current = (
+            {o.get("id"): o.get("currentValue") for o in options if isinstance(o, dict)}
+            if isinstance(options, list)
+            else {}
+        )
+        for config_id, value in values.items():
+            if config_id not in current or current[config_id] == value:
+                continue
+            try:
+                result = await conn.set_config_option(session_id, config_id, value)
+            except ResponseError as exc:
+                data = {"configId": config_id, "value": value, "code": exc.code}
+                emit(StatusEvent(event="config_option_not_applied", message=redact(exc.message), data=data))
+                continue
+            if isinstance(result.get("configOptions"), list):
+                self._result["configOptions"] = result["configOptions"]
 
     async def _set_option(self, conn: AcpConnection, session_id: str, option: dict[str, Any], model: str) -> None:
         if option.get("currentValue") == model:

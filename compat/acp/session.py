@@ -205,6 +205,8 @@ class AcpSession:
             phase = "session"
             session_id, context_reset = await self._open_acp_session(turn, conn, cwd)
             resolved_model = await self._models.apply(conn, session_id, model, turn.sink.emit)
+            if request.config_options:
+                await self._models.apply_options(conn, session_id, request.config_options, turn.sink.emit)
             phase = "prompt"
             turn.sink.begin()
             self._prompt = conn.start_prompt(session_id, prompt_blocks(request))

@@ -364,10 +364,16 @@ async def test_the_provider_agents_models_become_the_editors_model_option(tmp_pa
         with pytest.raises(RequestError) as unknown:
             await conn.set_config_option(session_id=new.session_id, config_id="model", value="m-huge")
         assert unknown.value.code == -32602
+        mode = next(o for o in offered if o.id == "mode")
+        assert [o.value for o in mode.options] == ["build", "plan"]
+        await conn.set_session_mode(session_id=new.session_id, mode_id="plan")
+        with pytest.raises(RequestError) as no_mode:
+            await conn.set_session_mode(session_id=new.session_id, mode_id="yolo")
+        assert no_mode.value.code == -32602
         await conn.prompt(session_id=new.session_id, prompt=[text_block("second")])
     received = [json.loads(line) for line in (tmp_path / "picky.log").read_text().splitlines()]
     sets = [r["params"] for r in received if r.get("method") == "session/set_config_option"]
-    assert [(p["configId"], p["value"]) for p in sets] == [("model", "m-fast")]
+    assert sorted((p["configId"], p["value"]) for p in sets) == [("mode", "plan"), ("model", "m-fast")]
 
 
 async def test_a_provider_that_cannot_run_stays_choosable_and_its_prompt_says_why(tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ class FakeAgent:
         self.cancelled: dict[str, threading.Event] = {}
         self.waiting: dict[str, tuple[threading.Event, list]] = {}
         self.config_model = "m-default"
+        self.config_mode = "build"
 
     # ---- plumbing ---------------------------------------------------------------------------
 
@@ -271,8 +272,8 @@ class FakeAgent:
             "name": "Mode",
             "category": "mode",
             "type": "select",
-            "currentValue": "build",
-            "options": [{"value": "build", "name": "Build"}],
+            "currentValue": self.config_mode,
+            "options": [{"value": "build", "name": "Build"}, {"value": "plan", "name": "Plan"}],
         }
         model = {
             "id": "model",
@@ -288,10 +289,16 @@ class FakeAgent:
         if "configoptions" not in self.modes:
             self.error(msg_id, -32601, "Method not found")
             return
-        if params["value"] not in ("m-default", "m-fast"):
+        if params.get("configId") == "mode":
+            if params["value"] not in ("build", "plan"):
+                self.error(msg_id, -32602, f"unknown mode {params['value']}")
+                return
+            self.config_mode = params["value"]
+        elif params["value"] not in ("m-default", "m-fast"):
             self.error(msg_id, -32602, f"unknown model {params['value']}")
             return
-        self.config_model = params["value"]
+        else:
+            self.config_model = params["value"]
         update = {"sessionUpdate": "config_option_update", "configOptions": self.config_options()}
         self.update(params["sessionId"], update)
         self.result(msg_id, {"configOptions": self.config_options()})
