@@ -17,6 +17,9 @@ What maps to what (agentclientprotocol.com, schema v1):
   then answers ``stopReason: "cancelled"``.
 - a provider's permission request (``permissionPolicy: ask``): ``session/request_permission`` to
   the editor, whose answer goes back through ``Orchestrator.permission``.
+- the editor's content blocks, ``mcpServers``, fs/terminal capabilities (:class:`EditorLink`) and
+  choices among the provider agent's config options travel with each turn (``EditorInput``) to
+  the ACP adapter, which hands them to the provider agent.
 
 Requests are read with small msgspec structs of the fields the bridge uses rather than the ACP
 SDK's pydantic schema: ``import acp.schema`` takes about 1.5 s, and editors start ``acp-stdio``
@@ -146,10 +149,20 @@ class AcpAgent:
         principal: whose sessions these are (``local`` on stdio, the token's over WebSocket).
         write: queues one outgoing line (``compat.peer.Write``).
         connection_id: names the connection in logs and as the sessions' listener.
+        backlog: the bytes the connection has queued (a replay waits for it to drain).
     """
 
-    def __init__(self, orch: Orchestrator, principal: str, write: Write, *, connection_id: str) -> None:
+    def __init__(
+        self,
+        orch: Orchestrator,
+        principal: str,
+        write: Write,
+        *,
+        connection_id: str,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
         self._orch = orch
+        self._backlog = backlog or (lambda: 0)
         self._principal = principal
         self._id = connection_id
         self._sessions: dict[str, EditorSession] = {}
@@ -617,9 +630,6 @@ class AcpAgent:
             )
         except RpcError as exc:  # the turn ended meanwhile
             log.info("%s: permission answer not used: %s", self._id, exc.message)
-
-    def _backlog(self) -> int:
-        return 0
 
 
 class EditorLink:

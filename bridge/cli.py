@@ -79,8 +79,10 @@ def build_app(config: BridgeConfig) -> Any:
                 finally:
                     tg.cancel_scope.cancel()
 
-    def editor(write: Callable[[bytes], None], principal: str, connection_id: str) -> AcpAgent:
-        return AcpAgent(orch, principal, write, connection_id=connection_id)
+    def editor(
+        write: Callable[[bytes], None], backlog: Callable[[], int], principal: str, connection_id: str
+    ) -> AcpAgent:
+        return AcpAgent(orch, principal, write, connection_id=connection_id, backlog=backlog)
 
     app = create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp, editor=editor)
     app.on_stopping.append(lambda: orch.drain(config.timeouts.shutdown_grace))
@@ -123,7 +125,7 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
                 dispatcher,
                 limits=config.limits,
                 on_eof=lambda: orch.drain(0),
-                editor=lambda write: AcpAgent(orch, "local", write, connection_id="stdio"),
+                editor=lambda write, backlog: AcpAgent(orch, "local", write, connection_id="stdio", backlog=backlog),
             )
             tg.cancel_scope.cancel()
 

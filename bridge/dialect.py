@@ -53,7 +53,9 @@ class LineAgent(Protocol):
 
 Write = Callable[[bytes], None]
 """Queues one outgoing line (with or without its newline)."""
-EditorFactory = Callable[[Write], LineAgent]
+Backlog = Callable[[], int]
+"""The bytes the connection has queued and not yet sent."""
+EditorFactory = Callable[[Write, Backlog], LineAgent]
 """stdio: builds the agent on the process's output."""
-WsEditorFactory = Callable[[Write, str, str], LineAgent]
-"""WebSocket: builds the agent on ``(write, principal, connection_id)``."""
+WsEditorFactory = Callable[[Write, Backlog, str, str], LineAgent]
+"""WebSocket: builds the agent on ``(write, backlog, principal, connection_id)``."""

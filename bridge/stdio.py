@@ -204,7 +204,8 @@ class _StdioLink:
         messages = aiter(self._reader.messages())
         first = await anext(messages, None)
         if first is not None and first is not OVERSIZED and self._editor is not None and is_acp_initialize(first):
-            await self._serve_editor(self._editor(self._write_line), first, messages)
+            agent = self._editor(self._write_line, lambda: self._outbox.buffered_bytes)
+            await self._serve_editor(agent, first, messages)
             return
         if first is not None:
             self._serve(first, requests)

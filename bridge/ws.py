@@ -216,7 +216,9 @@ class Connection:
         """The ACP dialect (docs/api.md "Editor mode"): each text frame is one plain JSON-RPC
         message for the agent, each of its lines one frame back."""
         assert self._editor is not None
-        agent = self._editor(self._write_line, self._principal, self._ctx.connection_id)
+        agent = self._editor(
+            self._write_line, lambda: self._outbox.buffered_bytes, self._principal, self._ctx.connection_id
+        )
         self._closers.extend([lambda: run_closers(agent.closers)])
         await tg.start(agent.run)
         agent.feed(first.encode())
