@@ -56,9 +56,8 @@ AUTO = "auto"
 """The ``provider`` option's value for the bridge's own routing."""
 LIST_PAGE = 50
 """Sessions per ``session/list`` page."""
-PERMISSION_TIMEOUT = None
-"""Seconds the bridge waits for the editor's permission answer: none of its own (the turn's
-``permissionTimeout`` and cancel end the wait)."""
+LIST_SCAN = 20
+"""Pages of the store one ``session/list`` with a ``cwd`` reads at most to find some."""
 STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
 PASSED_THROUGH = frozenset({"available_commands_update", "session_info_update"})
 """A provider agent's own session updates sent on unchanged. Its ``config_option_update`` and
@@ -170,7 +169,7 @@ class AcpAgent:
         self._closers: list[Callable[[], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._client_capabilities: dict[str, Any] = {}  # the editor's, from initialize
-        self.peer = JsonRpcPeer(write, name=connection_id, answer_strays=True)
+        self.peer = JsonRpcPeer(write, name=connection_id, answer_strays=True, strict=True)
         for method, handler in (
             ("initialize", self.initialize),
             ("authenticate", self.authenticate),
@@ -199,6 +198,10 @@ class AcpAgent:
     async def idle(self) -> None:
         """Until every request of the editor's is answered."""
         await self.peer.idle()
+
+    async def room(self) -> None:
+        """Until another request of the editor's can be taken (``JsonRpcPeer.room``)."""
+        await self.peer.room()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve the editor's requests until cancelled."""
@@ -235,7 +238,7 @@ class AcpAgent:
         }
 
     async def authenticate(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {}
+        raise InvalidParams("this agent offers no auth methods (initialize lists none)", field="methodId")
 
     # ---- sessions ---------------------------------------------------------------------------------
 
@@ -317,26 +320,33 @@ class AcpAgent:
 
     async def list_sessions(self, params: dict[str, Any]) -> dict[str, Any]:
         """``session/list {cwd?, cursor?}``: this principal's sessions, most recent first (the
-        desktop app's too: one store)."""
+        desktop app's too: one store), :data:`LIST_PAGE` a page; with ``cwd``, those in that
+        directory (compared as real paths), read ahead at most :data:`LIST_SCAN` pages deep
+        for a page's worth."""
         request = _read(params, _List)
-        page = await self._orch.list_sessions(self._principal, request.cursor, LIST_PAGE)
-        sessions = []
-        for entry in page.sessions:
-            if entry.working_directory is None or (
-                request.cwd and os.path.normpath(entry.working_directory) != os.path.normpath(request.cwd)
-            ):
-                continue
-            info: dict[str, Any] = {
-                "sessionId": entry.session_id,
-                "cwd": entry.working_directory,
-                "updatedAt": _iso(entry.updated_at),
-            }
-            if isinstance(entry.title, str):
-                info["title"] = entry.title
-            sessions.append(info)
+        wanted = os.path.realpath(request.cwd) if request.cwd else None
+        sessions: list[dict[str, Any]] = []
+        cursor = request.cursor
+        for _ in range(LIST_SCAN):
+            page = await self._orch.list_sessions(self._principal, cursor, LIST_PAGE)
+            cursor = page.next_cursor
+            for entry in page.sessions:
+                where = entry.working_directory
+                if where is None or (wanted is not None and os.path.realpath(where) != wanted):
+                    continue
+                info: dict[str, Any] = {
+                    "sessionId": entry.session_id,
+                    "cwd": where,
+                    "updatedAt": _iso(entry.updated_at),
+                }
+                if isinstance(entry.title, str):
+                    info["title"] = entry.title
+                sessions.append(info)
+            if sessions or not cursor:
+                break
         result: dict[str, Any] = {"sessions": sessions}
-        if page.next_cursor:
-            result["nextCursor"] = page.next_cursor
+        if cursor:
+            result["nextCursor"] = cursor
         return result
 
     def _open(self, session_id: str, cwd: str, mcp_servers: list[dict[str, Any]], *, started: bool) -> EditorSession:
@@ -568,7 +578,8 @@ class AcpAgent:
     def cancel_request(self, params: dict[str, Any]) -> None:
         """``$/cancel_request {requestId}``: a running ``session/prompt`` is cancelled as by
         ``session/cancel``; other requests are short and run to their answer."""
-        session_id = self._prompts.get(params.get("requestId"))
+        request_id = params.get("requestId")
+        session_id = self._prompts.get(request_id) if isinstance(request_id, str | int) else None
         if session_id is not None:
             self._orch.cancel(session_id, self._principal)
 
@@ -601,19 +612,34 @@ class AcpAgent:
         answer, or an option the agent did not offer, picks a reject option when there is one."""
         options = params.get("options") or []
         tool_call = {"toolCallId": "permission", **(params.get("toolCall") or {})}
-        option_id = None
+        option_id, answer = None, None
+        settled = self._orch.permission_settled(session_id, self._principal, str(params.get("requestId")))
+        if settled is None or settled.is_set():
+            return  # answered or ended before the editor could be asked
         try:
-            answer = await self.peer.request(
-                "session/request_permission",
-                {"sessionId": session_id, "toolCall": tool_call, "options": options},
-                timeout=PERMISSION_TIMEOUT,
+            call = self.peer.call(
+                "session/request_permission", {"sessionId": session_id, "toolCall": tool_call, "options": options}
             )
-        except PeerError as exc:
-            log.info("%s: no permission answer from the editor (%s): rejected", self._id, exc)
-        else:
-            outcome = answer.get("outcome") if isinstance(answer, dict) else None
-            if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
-                option_id = outcome.get("optionId")
+        except PeerError:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def withdraw_when_settled() -> None:
+                await settled.wait()  # timed out, or the turn ended: the question is moot
+                self.peer.withdraw(call)
+
+            tg.start_soon(withdraw_when_settled)
+            try:
+                answer = await self.peer.wait(call, None)
+            except PeerError as exc:
+                if settled.is_set():
+                    return
+                log.info("%s: no permission answer from the editor (%s): rejected", self._id, exc)
+            finally:
+                tg.cancel_scope.cancel()
+        outcome = answer.get("outcome") if isinstance(answer, dict) else None
+        if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+            option_id = outcome.get("optionId")
         offered = [o.get("optionId") for o in options if isinstance(o, dict)]
         if option_id not in offered:  # cancelled, failed, or an option the agent did not offer
             if option_id is not None:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import time
 import uuid
@@ -125,6 +126,7 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
                 dispatcher,
                 limits=config.limits,
                 on_eof=lambda: orch.drain(0),
+                stop_signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
                 editor=lambda write, backlog: AcpAgent(orch, "local", write, connection_id="stdio", backlog=backlog),
             )
             tg.cancel_scope.cancel()

@@ -21,7 +21,7 @@ def is_acp_initialize(message: bytes | str) -> bool:
     bridge's own clients never send ``initialize``)."""
     try:
         obj = msgspec.json.decode(message)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, ValueError):  # deep nesting raises RecursionError
         return False
     if not isinstance(obj, dict) or obj.get("method") != "initialize":
         return False
@@ -40,6 +40,11 @@ class LineAgent(Protocol):
 
     async def idle(self) -> None:
         """Until every request received is answered."""
+        ...
+
+    async def room(self) -> None:
+        """Until the agent can take another request (feed the next message after it: a client
+        that pipelines requests waits in its socket, not in a refusal)."""
         ...
 
     def feed(self, line: bytes) -> None:

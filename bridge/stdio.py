@@ -12,12 +12,14 @@ Imports ``bridge.*`` and anyio only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -137,6 +139,7 @@ async def serve_stdio(
     limits: Limits,
     on_eof: Callable[[], Awaitable[None]] | None = None,
     editor: EditorFactory | None = None,
+    stop_signals: tuple[signal.Signals, ...] = (),
 ) -> None:
     """Serve JSON-RPC on a pair of byte streams until EOF on ``stdin``, then until the requests
     in flight are answered.
@@ -154,12 +157,15 @@ async def serve_stdio(
             left running (docs/api.md "Graceful shutdown").
         editor: builds the ACP agent that serves the process when its first message is an ACP
             ``initialize`` (docs/api.md "Editor mode"); None keeps the bridge's own methods only.
+        stop_signals: signals that end the input as EOF does (``acp-stdio``: SIGTERM, SIGINT,
+            SIGHUP; editors stop their agents with them). Main thread only.
     """
     if stdin is not None and stdout is not None:
-        await _StdioLink(dispatcher, stdin, stdout, limits, on_eof, editor).run()
+        await _StdioLink(dispatcher, stdin, stdout, limits, on_eof, editor, stop_signals).run()
         return
     async with stdio_streams() as (process_in, process_out):
-        await _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits, on_eof, editor).run()
+        link = _StdioLink(dispatcher, stdin or process_in, stdout or process_out, limits, on_eof, editor, stop_signals)
+        await link.run()
 
 
 _TOO_LARGE = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: message too large"}}'
@@ -174,6 +180,7 @@ class _StdioLink:
         limits: Limits,
         on_eof: Callable[[], Awaitable[None]] | None = None,
         editor: EditorFactory | None = None,
+        stop_signals: tuple[signal.Signals, ...] = (),
     ) -> None:
         self._dispatcher, self._stdout, self._limit = dispatcher, stdout, limits.max_message_bytes
         self._on_eof = on_eof
@@ -186,31 +193,64 @@ class _StdioLink:
             "local", self._stream.notify, "stdio", closers=self._closers, backlog=lambda: self._outbox.buffered_bytes
         )
         self._scope = anyio.CancelScope()
+        self._reading: anyio.CancelScope | None = None  # where the input is being read (``_input``)
+        self._stopped = False  # a stop signal came: the input has ended
+        self._stop_signals = stop_signals
 
     async def run(self) -> None:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop)
+                watching = anyio.CancelScope()  # the signal watch ends with the input
+                if self._stop_signals:
+                    tg.start_soon(self._stop_on, self._stop_signals, watching)
                 try:
                     async with anyio.create_task_group() as requests:
                         await self._read_loop(requests)
                         if self._on_eof is not None:
                             await self._on_eof()
                 finally:
+                    watching.cancel()
                     run_closers(self._closers)
                     self._outbox.close()  # every request finished: the writer drains, then ends
 
     async def _read_loop(self, requests: TaskGroup) -> None:
         messages = aiter(self._reader.messages())
-        first = await anext(messages, None)
+        first = None
+        with self._input():
+            first = await anext(messages, None)
         if first is not None and first is not OVERSIZED and self._editor is not None and is_acp_initialize(first):
             agent = self._editor(self._write_line, lambda: self._outbox.buffered_bytes)
             await self._serve_editor(agent, first, messages)
             return
         if first is not None:
             self._serve(first, requests)
-        async for message in messages:
-            self._serve(message, requests)
+        with self._input():
+            async for message in messages:
+                self._serve(message, requests)
+
+    async def _stop_on(self, signals: tuple[signal.Signals, ...], watching: anyio.CancelScope) -> None:
+        """A stop signal ends the input as EOF would: the running turns are cancelled (recorded)
+        and answered, and the process exits 0 (docs/api.md "Command line")."""
+        with watching, anyio.open_signal_receiver(*signals) as received:
+            async for signum in received:
+                log.info("%s: stopping as at the end of stdin", signal.Signals(signum).name)
+                self._stopped = True
+                if self._reading is not None:
+                    self._reading.cancel()
+                return
+
+    @contextlib.contextmanager
+    def _input(self) -> Iterator[None]:
+        """Where the input is read: a stop signal ends it here, as EOF would."""
+        with anyio.CancelScope() as scope:
+            self._reading = scope
+            if self._stopped:
+                scope.cancel()
+            try:
+                yield
+            finally:
+                self._reading = None
 
     def _serve(self, message: Any, requests: TaskGroup) -> None:
         if message is OVERSIZED:
@@ -226,11 +266,13 @@ class _StdioLink:
             async with anyio.create_task_group() as tg:
                 await tg.start(agent.run)
                 agent.feed(first)
-                async for message in messages:
-                    if message is OVERSIZED:
-                        self._enqueue(_TOO_LARGE)
-                    else:
-                        agent.feed(message)
+                with self._input():
+                    async for message in messages:
+                        await agent.room()  # a pipelining editor waits in the pipe
+                        if message is OVERSIZED:
+                            self._enqueue(_TOO_LARGE)
+                        else:
+                            agent.feed(message)
                 if self._on_eof is not None:
                     await self._on_eof()
                     self._on_eof = None
@@ -254,7 +296,7 @@ class _StdioLink:
 
     def _enqueue(self, envelope: bytes) -> None:
         # After shutdown the outbox ignores offers: a turn that outlives the request notifies into nothing.
-        if not self._outbox.offer(envelope):
+        if not self._outbox.offer(envelope) and not self._scope.cancel_called:
             log.error("stdout is not being read; stopping")
             self._scope.cancel()
 

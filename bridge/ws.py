@@ -49,6 +49,7 @@ _PEER_GONE = (*_SEND_FAILURES, RuntimeError)
 """What a send raises once the peer is gone. RuntimeError: uvicorn's raw ASGI send after it already
 closed the socket (a frame with invalid UTF-8 right behind a request makes it send close 1007)."""
 _ids = itertools.count(1)
+_EMPTY_REFUSED = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error: empty frame"}}'
 _BINARY_REFUSED = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: binary frames are not supported; send text"}}'
 
 
@@ -230,6 +231,10 @@ class Connection:
             if text is None:
                 self._enqueue(_BINARY_REFUSED)
                 continue
+            if not text.strip():  # field-failures #4: an empty frame is not JSON
+                self._enqueue(_EMPTY_REFUSED)
+                continue
+            await agent.room()  # a pipelining editor waits in its socket
             agent.feed(text.encode())
 
     def _write_line(self, line: bytes) -> None:

@@ -91,6 +91,14 @@ class PeerProtocolError(PeerError):
     """The byte stream broke the framing (a line over the bound); the peer is unusable."""
 
 
+class RequestWithdrawn(PeerError):
+    """This side stopped waiting for the response (:meth:`JsonRpcPeer.withdraw`)."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        super().__init__(f"{method} was withdrawn")
+
+
 class RequestTimeout(PeerError):
     """No response to ``method`` within ``timeout`` seconds."""
 
@@ -127,13 +135,15 @@ class JsonRpcPeer:
         answer_strays: answer a line that is not JSON (-32700) or not a JSON-RPC message
             (-32600) with an error of id null, as a server owes its client (JSON-RPC 2.0 §5.1);
             toward an agent (the default) such lines are skipped (field-failures.md #10).
+        strict: the other side must speak JSON-RPC 2.0 exactly (``jsonrpc: "2.0"``, ids strings,
+            numbers or null), as a client must; an agent (the default) is read leniently.
     """
 
-    def __init__(self, write: Write, *, name: str, answer_strays: bool = False) -> None:
+    def __init__(self, write: Write, *, name: str, answer_strays: bool = False, strict: bool = False) -> None:
         self._write = write
         self.name = name
         self._answer_strays = answer_strays
-        self._core: PeerCore[Call] = PeerCore(strict=False)
+        self._core: PeerCore[Call] = PeerCore(strict=strict)
         self._requests: dict[str, RequestHandler] = {}
         self._notifications: dict[str, NotificationHandler] = {}
         self._error: PeerError | None = None
@@ -141,6 +151,8 @@ class JsonRpcPeer:
         self._serving = 0  # request handlers running now
         self._idle = anyio.Event()
         self._idle.set()
+        self._room = anyio.Event()  # set while fewer than MAX_SERVING requests are answered
+        self._room.set()
         self.skipped_lines = 0
 
     @property
@@ -251,6 +263,8 @@ class JsonRpcPeer:
                 self._serving += 1
                 if self._idle.is_set():
                     self._idle = anyio.Event()
+                if self._serving >= MAX_SERVING and self._room.is_set():
+                    self._room = anyio.Event()
                 self._handlers.start_soon(self._serve_request, received)
         else:
             self._skip(received, line)
@@ -280,10 +294,30 @@ class JsonRpcPeer:
             self._serving -= 1
             if not self._serving:
                 self._idle.set()
+            if self._serving < MAX_SERVING:
+                self._room.set()
 
     async def idle(self) -> None:
         """Until no request from the other side is being answered."""
         await self._idle.wait()
+
+    async def room(self) -> None:
+        """Until fewer than :data:`MAX_SERVING` requests are being answered: a transport that can
+        wait before :meth:`feed` (a client's socket) never hits the refusal."""
+        await self._room.wait()
+
+    def withdraw(self, call: Call) -> None:
+        """Stop waiting for ``call`` and tell the other side (``$/cancel_request``, as ACP and LSP
+        name it): its late response is dropped."""
+        if call.answered:
+            return
+        self._core.forget(call.id)
+        call.error = RequestWithdrawn(call.method)
+        call.done.set()
+        try:
+            self.notify("$/cancel_request", {"requestId": call.id})
+        except PeerError:
+            pass
 
     async def _answer_request(self, request: IncomingRequest) -> None:
         handler = self._requests.get(request.method)

@@ -765,6 +765,13 @@ class Orchestrator:
         session.close_log()
         return CloseResult(accepted=True, closed=True)
 
+    def permission_settled(self, session_id: str, principal: str, request_id: str) -> anyio.Event | None:
+        """Set once the pending ``ask`` request is answered, timed out or its turn ended (editor
+        mode withdraws its question then); None when there is no such request."""
+        session = self.sessions.get(session_id, principal)
+        pending = session.permissions.get(request_id) if session else None
+        return pending.answered if pending is not None else None
+
     def permission(self, params: PermissionParams, principal: str) -> AcceptedResult:
         """``session.permission``: answer a pending ``ask`` permission request.
 

@@ -544,6 +544,7 @@ class Turn:
                 await pending.answered.wait()
         finally:
             self._session.permissions.pop(request_id, None)
+            pending.answer(None)  # timed out or cut off: whoever waits for the answer stops waiting
         return pending.option_id
 
     def publish(self, params: dict[str, Any], *, quiet: bool = False) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import pytest
 import yaml
 from acp import PROTOCOL_VERSION, RequestError, embedded_text_resource, resource_block, resource_link_block, text_block
@@ -62,7 +64,7 @@ def config(tmp_path: Path) -> Path:
                 "args": [str(FAKE_AGENT), "--mode", "configoptions", "--log", str(tmp_path / "picky.log")],
             },
         },
-        "timeouts": {"cancelGrace": 1},
+        "timeouts": {"cancelGrace": 1, "permissionTimeout": 1},
         "limits": {"maxSessionsPerToken": 20},
     }
     path = tmp_path / "bridge.yaml"
@@ -78,6 +80,7 @@ class Editor:
         self.updates: list[tuple[str, Any]] = []
         self.asked: list[dict[str, Any]] = []
         self.choose: str | None = "opt-allow_once"
+        self.never_answer = False  # permission requests wait until the bridge withdraws them
         self.files: dict[str, str] = {}
         self.relayed: list[tuple[str, str]] = []  # (method, sessionId)
 
@@ -88,6 +91,8 @@ class Editor:
         self, options: list[Any], session_id: str, tool_call: Any, **kwargs: Any
     ) -> RequestPermissionResponse:
         self.asked.append({"sessionId": session_id, "options": [o.option_id for o in options], "tool": tool_call})
+        if self.never_answer:
+            await anyio.sleep_forever()
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=self.choose or ""))
 
     async def read_text_file(self, path: str, session_id: str, **kwargs: Any) -> ReadTextFileResponse:
@@ -243,6 +248,9 @@ async def test_sessions_are_listed_and_loaded_after_a_restart_with_their_convers
     async with bridge(tmp_path, second) as conn:
         listed = await conn.list_sessions(cwd=str(tmp_path))
         assert [s.session_id for s in listed.sessions] == [new.session_id]
+        (tmp_path / "link").symlink_to(tmp_path)
+        via_link = await conn.list_sessions(cwd=str(tmp_path / "link") + "/")
+        assert [s.session_id for s in via_link.sessions] == [new.session_id]
         assert listed.sessions[0].cwd == str(tmp_path)
         loaded = await conn.load_session(session_id=new.session_id, cwd=str(tmp_path), mcp_servers=[])
         replayed = list(second.updates)
@@ -486,3 +494,146 @@ async def test_a_flood_of_session_new_holds_at_most_max_sessions_per_token(tmp_p
         assert answer.stop_reason == "end_turn"
         newest = await conn.set_config_option(session_id=flood[-1], config_id="provider", value="echo")
         assert newest.config_options[0].current_value == "echo"
+
+
+def test_a_permission_question_the_editor_leaves_open_is_withdrawn_when_the_turn_stops_waiting(
+    tmp_path: Path,
+) -> None:
+    argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parents[2]
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    def answer(request_id: int) -> dict[str, Any]:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            seen.append(json.loads(line))
+            if seen[-1].get("id") == request_id and "method" not in seen[-1]:
+                return seen[-1]
+        raise AssertionError("no answer")
+
+    try:
+        send({"id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
+        answer(0)
+        send({"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}})
+        sid = answer(1)["result"]["sessionId"]
+        option = {"sessionId": sid, "configId": "provider", "value": "asker"}
+        send({"id": 2, "method": "session/set_config_option", "params": option})
+        answer(2)
+        send(
+            {
+                "id": 3,
+                "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "?"}]},
+            }
+        )
+        result = answer(3)["result"]  # never answered: permissionTimeout (1 s) ends the wait
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    asked = next(m for m in seen if m.get("method") == "session/request_permission")
+    withdrawn = [m for m in seen if m.get("method") == "$/cancel_request"]
+    assert withdrawn == [{"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": asked["id"]}}]
+    assert seen.index(withdrawn[0]) < seen.index(next(m for m in seen if m.get("id") == 3 and "result" in m))
+    assert result["stopReason"] == "end_turn"  # the agent got "cancelled" for its question and went on
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_ends_acp_stdio_as_the_end_of_its_input_does(tmp_path: Path, signum: int) -> None:
+    argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parents[2]
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    lines = [
+        {"id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
+        {"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}},
+    ]
+    try:
+        for line in lines:
+            proc.stdin.write(json.dumps({"jsonrpc": "2.0", **line}).encode() + b"\n")
+        proc.stdin.flush()
+        sid = next(m for m in map(json.loads, proc.stdout) if m.get("id") == 1)["result"]["sessionId"]
+        for line in [
+            {
+                "id": 2,
+                "method": "session/set_config_option",
+                "params": {"sessionId": sid, "configId": "provider", "value": "slow"},
+            },
+            {
+                "id": 3,
+                "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]},
+            },
+        ]:
+            proc.stdin.write(json.dumps({"jsonrpc": "2.0", **line}).encode() + b"\n")
+        proc.stdin.flush()
+        for raw in proc.stdout:
+            if json.loads(raw).get("params", {}).get("update", {}).get("content", {}).get("text") == "1 ":
+                break
+        agents = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signum)  # stdin stays open: the signal alone ends it
+        rest = [json.loads(raw) for raw in proc.stdout]
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert next(m for m in rest if m.get("id") == 3)["result"] == {"stopReason": "cancelled"}
+    gone, alive = psutil.wait_procs(agents, timeout=10)
+    assert agents and not alive
+
+
+def test_pipelined_requests_all_get_their_answers(tmp_path: Path) -> None:
+    lines = [{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}]
+    lines += [{"jsonrpc": "2.0", "id": n, "method": "session/list", "params": {}} for n in range(1, 201)]
+    done = subprocess.run(
+        [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")],
+        input=b"".join(json.dumps(line).encode() + b"\n" for line in lines),
+        capture_output=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(a["id"] for a in answers) == list(range(201))
+    assert all("result" in a for a in answers), [a for a in answers if "error" in a][:3]
+
+
+def test_broken_and_non_conforming_messages_get_json_rpc_errors(tmp_path: Path) -> None:
+    deep = "[" * 3000
+    first = subprocess.run(
+        [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")],
+        input=deep.encode() + b"\n",
+        capture_output=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert first.returncode == 0 and json.loads(first.stdout.splitlines()[0])["error"]["code"] in (-32700, -32600)
+    lines = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
+        {"id": 1, "method": "session/list", "params": {}},
+        {"jsonrpc": "1.0", "id": 2, "method": "session/list", "params": {}},
+        {"jsonrpc": "2.0", "id": [3], "method": "session/list", "params": {}},
+        {"jsonrpc": "2.0", "id": 4, "method": "authenticate", "params": {"methodId": "anything"}},
+        {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": [1, 2]}},
+        deep,
+        {"jsonrpc": "2.0", "id": 5, "method": "session/list", "params": {}},
+    ]
+    done = subprocess.run(
+        [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")],
+        input=b"".join((ln if isinstance(ln, str) else json.dumps(ln)).encode() + b"\n" for ln in lines),
+        capture_output=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    errors = [a["error"]["code"] for a in answers if a.get("id") is None]
+    assert errors.count(-32600) == 3 and len(errors) == 4, answers  # the three, and the deep line
+    by_id = {a["id"]: a for a in answers if a.get("id") is not None}
+    assert by_id[4]["error"]["code"] == -32602
+    assert "result" in by_id[5] and b"Traceback" not in done.stderr
