@@ -447,6 +447,18 @@ class AcpAgent:
             update = {"sessionUpdate": "config_option_update", "configOptions": self._config_options(session)}
             self._send_update(session_id, update)
 
+    def _mode_changed(self, session_id: str, mode_id: Any) -> None:
+        """The provider agent switched its mode itself (``current_mode_update``): the editor's
+        mode option shows it (a ``config_option_update``), and an earlier choice gives way."""
+        session = self._sessions.get(session_id)
+        option = next((o for o in session.agent_options if o.get("category") == "mode"), None) if session else None
+        if session is None or option is None or not isinstance(mode_id, str) or mode_id not in _option_values(option):
+            return
+        option["currentValue"] = mode_id
+        session.chosen.pop(option["id"], None)
+        update = {"sessionUpdate": "config_option_update", "configOptions": self._config_options(session)}
+        self._send_update(session_id, update)
+
     async def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
         """``session/set_config_option {sessionId, configId, value}`` → ``{configOptions}``: the
         ``provider``, or one of the provider agent's options (applied before the next prompt).
@@ -593,6 +605,9 @@ class AcpAgent:
             return
         if params.get("type") == "status" and params.get("event") == "config_option_update":
             self._learn_options(session_id, params.get("data"))
+            return
+        if params.get("type") == "status" and params.get("event") == "current_mode_update":
+            self._mode_changed(session_id, (params.get("data") or {}).get("currentModeId"))
             return
         update = acp_update(params)
         if update is not None and update["sessionUpdate"] == "available_commands_update":

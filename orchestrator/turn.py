@@ -598,8 +598,13 @@ class Turn:
     def _state(self, event: SessionStateEvent) -> None:
         session = self._session
         session.state[event.kind] = event.data
+        active = session.active
         if self.machine.state in _LIVE:
             self.publish(updates.from_event(event))
+        elif isinstance(active, Turn) and active is not self and active._announced and active.machine.state in _LIVE:
+            # Late state of this ended turn while the next one already streams (its unsent
+            # state went out at its start): that turn carries it, rather than the one after.
+            active.publish(updates.from_event(event))
         else:
             session.state_unsent.add(event.kind)
 

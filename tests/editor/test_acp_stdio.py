@@ -58,6 +58,18 @@ def config(tmp_path: Path) -> Path:
             "asker": agent("permission", permissionPolicy="ask"),
             "files": agent("fs"),
             "locked": agent("auth"),
+            "mover": {
+                "command": sys.executable,
+                "args": [
+                    str(FAKE_AGENT),
+                    "--mode",
+                    "configoptions",
+                    "--mode",
+                    "between-turns",
+                    "--log",
+                    str(tmp_path / "mover.log"),
+                ],
+            },
             "ghost": {"command": str(tmp_path / "no-such-agent")},
             "picky": {
                 "command": sys.executable,
@@ -163,6 +175,7 @@ async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option
             "files",
             "ghost",
             "locked",
+            "mover",
             "picky",
             "slow",
         ]
@@ -637,3 +650,20 @@ def test_broken_and_non_conforming_messages_get_json_rpc_errors(tmp_path: Path) 
     by_id = {a["id"]: a for a in answers if a.get("id") is not None}
     assert by_id[4]["error"]["code"] == -32602
     assert "result" in by_id[5] and b"Traceback" not in done.stderr
+
+
+async def test_a_mode_the_agent_switches_itself_shows_in_the_editors_mode_option(tmp_path: Path) -> None:
+    editor = Editor()
+    async with bridge(tmp_path, editor) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="mover")
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("first")])
+        with anyio.fail_after(10):  # the agent switched after its answer: the update is in the pipe
+            while "between-turns" not in (tmp_path / "mover.log").read_text():
+                await anyio.sleep(0.01)
+        # A session's state that arrives between turns goes out with the next turn that streams
+        # (or the one after it, when it came while that one was starting).
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("second")])
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("third")])  # at the latest
+    modes = [next(o for o in u.config_options if o.id == "mode").current_value for u in editor.of(ConfigOptionUpdate)]
+    assert modes[0] == "build" and modes[-1] == "plan"
