@@ -819,6 +819,8 @@ class Orchestrator:
     async def _end_provider_session(self, session: Session) -> None:
         """End the session's provider session (its agent process); never raises: it runs in the
         orchestrator's task group, where an error would cancel every running turn."""
+        if session.provider_id is not None:  # the conversation's provider, for its record and snapshot
+            session.provider_id_before = session.provider_id
         provider, session.provider_session, session.provider_id = session.provider_session, None, None
         if provider is None:
             return

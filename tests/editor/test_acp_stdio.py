@@ -667,3 +667,13 @@ async def test_a_mode_the_agent_switches_itself_shows_in_the_editors_mode_option
         await conn.prompt(session_id=new.session_id, prompt=[text_block("third")])  # at the latest
     modes = [next(o for o in u.config_options if o.id == "mode").current_value for u in editor.of(ConfigOptionUpdate)]
     assert modes[0] == "build" and modes[-1] == "plan"
+
+
+async def test_a_closed_session_loads_with_the_provider_it_last_used(tmp_path: Path) -> None:
+    async with bridge(tmp_path, Editor()) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.set_config_option(session_id=new.session_id, config_id="provider", value="echo")
+        await conn.prompt(session_id=new.session_id, prompt=[text_block("hi")])
+        await conn.close_session(session_id=new.session_id)
+        loaded = await conn.load_session(session_id=new.session_id, cwd=str(tmp_path), mcp_servers=[])
+    assert loaded.config_options[0].current_value == "echo"
