@@ -437,15 +437,18 @@ class _PipeReader:
     once, as asyncio's own pipe transports read theirs (``loop.connect_read_pipe``); watched for
     its whole life, so a read costs no ``epoll_ctl``.
 
-    Kept instead of the plain reader task (lines pulled with ``await``) because bench case 4 fails
-    without it: the task's wake-up put one more pass of the event loop, and its bookkeeping,
-    between an agent's write and the client. 100 agents writing a line every 20 ms, on 2 cores:
-    delay p99 3.2-6.3x the baseline relay with the task, 1.14x with the callback (bridge CPU 52%
-    against 48%).
+    Kept instead of the plain reader task (a loop on ``anyio.wait_readable``) because bench case
+    4 fails far worse without it: the task's wake-up puts one more pass of the event loop, and an
+    ``epoll_ctl`` pair, between an agent's write and the client. 100 agents writing a line every
+    20 ms, on 2 cores, paired in one session (3 rounds each): with the task, delay p50 14.2 ms
+    (43x the baseline relay) and steady p99 44 ms (12.8x); with the callback, p50 1.36 ms (4.7x)
+    and steady p99 14 ms (5.1x). An earlier run: p99 3.2-6.3x with the task, 1.14x with the
+    callback.
 
     ``take`` runs in a copy of the creating task's context in which anyio finds the running async
-    library (it asks sniffio, which looks for a current task, and a callback has none): anyio
-    events and ``TaskGroup.start_soon`` work there. It must not block, and cannot enter a cancel
+    library (it asks sniffio, which looks for a current task, and a callback has none): the
+    context sets ``sniffio.current_async_library_cvar``, sniffio's documented hook for code that
+    runs outside the library's tasks, so anyio events and ``TaskGroup.start_soon`` work there. It must not block, and cannot enter a cancel
     scope (that needs a current task). ``ended`` is set at end of file, when ``take`` raised (kept
     in ``error``, and nothing more is read), or on :meth:`close`.
     """
