@@ -18,29 +18,28 @@ TOOLS="${XWORKMATE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/xworkmate-bridge/t
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$TOOLS"
 
-install_tsx() {
-  local dir="$TOOLS/tsx-$TSX_VERSION" want="tsx@$TSX_VERSION"
-  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$want" ] && [ -x "$dir/node_modules/.bin/tsx" ]; then
+# install_npm DIR CHECK PACKAGE...: the npm PACKAGEs into DIR, unless DIR already holds them (its
+# .installed names them and the path CHECK inside DIR exists).
+install_npm() {
+  local dir="$1" check="$2"
+  shift 2
+  local want="$*"
+  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$want" ] && [ -e "$dir/$check" ]; then
     return 0
   fi
   command -v npm >/dev/null || { echo "install-profile-tools: npm not found, skipping $want" >&2; return 0; }
   rm -rf "$dir" && mkdir -p "$dir"
   echo "installing $want into $dir" >&2
-  (cd "$dir" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error "$want" >&2)
+  (cd "$dir" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error "$@" >&2)
   echo "$want" > "$dir/.installed"
 }
 
+install_tsx() {
+  install_npm "$TOOLS/tsx-$TSX_VERSION" node_modules/.bin/tsx "tsx@$TSX_VERSION"
+}
+
 install_acp_ts() {
-  local dir="$TOOLS/acp-ts-$ACP_TS_VERSION" want="@agentclientprotocol/sdk@$ACP_TS_VERSION ws@$WS_VERSION"
-  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$want" ] && [ -d "$dir/node_modules/ws" ]; then
-    return 0
-  fi
-  command -v npm >/dev/null || { echo "install-profile-tools: npm not found, skipping $want" >&2; return 0; }
-  rm -rf "$dir" && mkdir -p "$dir"
-  echo "installing $want into $dir" >&2
-  # shellcheck disable=SC2086  # two package specs
-  (cd "$dir" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error $want >&2)
-  echo "$want" > "$dir/.installed"
+  install_npm "$TOOLS/acp-ts-$ACP_TS_VERSION" node_modules/ws "@agentclientprotocol/sdk@$ACP_TS_VERSION" "ws@$WS_VERSION"
 }
 
 install_agentproc() {
