@@ -34,6 +34,11 @@ CHUNKS = ["Hello ", "from ", "mock"]
 
 
 def bridge_config(name: str, recipe: dict[str, Any], tmp_path: Path) -> BridgeConfig:
+    return convert(config_dict(name, recipe, tmp_path), BridgeConfig)
+
+
+def config_dict(name: str, recipe: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """A bridge configuration whose only provider is agent ``name`` (its offline recipe)."""
     provider = {
         "type": "acp",
         "command": recipe["command"],
@@ -42,14 +47,11 @@ def bridge_config(name: str, recipe: dict[str, Any], tmp_path: Path) -> BridgeCo
         "cwd": recipe.get("cwd"),
         "authMethod": recipe.get("auth_method"),
     }
-    return convert(
-        {
-            "workspaceRoots": [str(tmp_path)],
-            "providers": {name: provider},
-            "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
-        },
-        BridgeConfig,
-    )
+    return {
+        "workspaceRoots": [str(tmp_path)],
+        "providers": {name: provider},
+        "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
+    }
 
 
 @contextlib.asynccontextmanager

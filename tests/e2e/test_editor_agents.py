@@ -16,7 +16,7 @@ from acp.schema import AgentMessageChunk, ClientCapabilities, FileSystemCapabili
 from acp.stdio import spawn_agent_process
 
 from tests.e2e import agents
-from tests.e2e.test_bridge_agents import AGENTS, CHUNKS
+from tests.e2e.test_bridge_agents import AGENTS, CHUNKS, config_dict
 from tests.editor.test_acp_stdio import Editor
 from tests.fakes.fake_llm import FakeLLM, Reply, fake_llm  # noqa: F401  (fixture)
 
@@ -25,21 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def config(name: str, recipe: dict[str, Any], tmp_path: Path) -> Path:
-    provider = {
-        "type": "acp",
-        "command": recipe["command"],
-        "args": recipe["args"],
-        "env": recipe["env"],
-        "cwd": recipe.get("cwd"),
-        "authMethod": recipe.get("auth_method"),
-    }
-    data = {
-        "workspaceRoots": [str(tmp_path)],
-        "providers": {name: provider},
-        "timeouts": {"cancelGrace": 3, "initializeTimeout": 40, "sessionNewTimeout": 40, "turnTimeout": 90},
-    }
     path = tmp_path / "bridge.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(config_dict(name, recipe, tmp_path)))
     return path
 
 

@@ -43,6 +43,7 @@ from tests.test_app_integration import FAKE_AGENT
 
 pytestmark = pytest.mark.timeout(60)
 BRIDGE = (sys.executable, "-m", "bridge.cli")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def config(tmp_path: Path) -> Path:
@@ -434,61 +435,82 @@ async def test_a_permission_answer_naming_no_offered_option_is_a_rejection_at_on
     assert answer.stop_reason == "end_turn" and "permission: opt-reject_once" in editor.text()
 
 
+class RawEditor:
+    """``acp-stdio`` driven with raw JSON lines (where the SDK hides what is under test: EOF,
+    signals, withdrawn requests); every message read is kept in ``seen``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.seen: list[dict[str, Any]] = []
+        self._next_id = 0
+
+    def request(self, method: str, params: dict[str, Any]) -> int:
+        request_id, self._next_id = self._next_id, self._next_id + 1
+        self.stdin.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode())
+        self.stdin.write(b"\n")
+        self.stdin.flush()
+        return request_id
+
+    def answer(self, request_id: int) -> dict[str, Any]:
+        for line in self.stdout:
+            self.seen.append(json.loads(line))
+            if self.seen[-1].get("id") == request_id and "method" not in self.seen[-1]:
+                return self.seen[-1]
+        raise AssertionError("no answer")
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return self.answer(self.request(method, params))
+
+    def session_on(self, provider: str, cwd: Path) -> str:
+        """initialize, session/new in ``cwd``, the provider option set: the session id."""
+        self.call("initialize", {"protocolVersion": 1})
+        sid = self.call("session/new", {"cwd": str(cwd), "mcpServers": []})["result"]["sessionId"]
+        self.call("session/set_config_option", {"sessionId": sid, "configId": "provider", "value": provider})
+        return sid
+
+    def prompt(self, sid: str, text: str) -> int:
+        return self.request("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": text}]})
+
+    def until_chunk(self, text: str) -> None:
+        for line in self.stdout:
+            self.seen.append(json.loads(line))
+            if self.seen[-1].get("params", {}).get("update", {}).get("content", {}).get("text") == text:
+                return
+        raise AssertionError(f"no chunk {text!r}")
+
+    def rest(self) -> list[dict[str, Any]]:
+        """Everything until stdout ends."""
+        self.seen += [json.loads(line) for line in self.stdout]
+        return self.seen
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def test_when_the_editor_goes_away_its_running_turn_is_cancelled_recorded_and_the_bridge_exits(
     tmp_path: Path,
 ) -> None:
-    argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parents[2]
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def send(message: dict[str, Any]) -> None:
-        proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-
-    def answer(request_id: int) -> dict[str, Any]:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            message = json.loads(line)
-            if message.get("id") == request_id and "method" not in message:
-                return message
-        raise AssertionError("no answer")
-
+    editor = RawEditor(tmp_path)
     try:
-        send({"id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
-        answer(0)
-        send({"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}})
-        sid = answer(1)["result"]["sessionId"]
-        send(
-            {
-                "id": 2,
-                "method": "session/set_config_option",
-                "params": {"sessionId": sid, "configId": "provider", "value": "slow"},
-            }
-        )
-        answer(2)
-        send(
-            {
-                "id": 3,
-                "method": "session/prompt",
-                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]},
-            }
-        )
-        for line in proc.stdout:
-            update = json.loads(line).get("params", {}).get("update", {})
-            if update.get("content", {}).get("text") == "1 ":
-                break
-        proc.stdin.close()  # the editor is gone
-        rest = [json.loads(line) for line in proc.stdout]
-        assert proc.wait(timeout=30) == 0
+        sid = editor.session_on("slow", tmp_path)
+        prompt = editor.prompt(sid, "go")
+        editor.until_chunk("1 ")
+        editor.stdin.close()  # the editor is gone
+        rest = editor.rest()
+        assert editor.proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert next(m for m in rest if m.get("id") == 3)["result"] == {"stopReason": "cancelled"}
+        editor.close()
+    assert next(m for m in rest if m.get("id") == prompt)["result"] == {"stopReason": "cancelled"}
     get = {"jsonrpc": "2.0", "id": 1, "method": "session.get", "params": {"sessionId": sid}}
     again = subprocess.run(
-        argv, input=json.dumps(get).encode() + b"\n", capture_output=True, timeout=60, cwd=Path(__file__).parents[2]
+        editor.argv, input=json.dumps(get).encode() + b"\n", capture_output=True, timeout=60, cwd=ROOT
     )
     snapshot = json.loads(again.stdout.splitlines()[-1])["result"]
     assert snapshot["turns"][0]["status"] == "cancelled"
@@ -512,92 +534,36 @@ async def test_a_flood_of_session_new_holds_at_most_max_sessions_per_token(tmp_p
 def test_a_permission_question_the_editor_leaves_open_is_withdrawn_when_the_turn_stops_waiting(
     tmp_path: Path,
 ) -> None:
-    argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parents[2]
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    seen: list[dict[str, Any]] = []
-
-    def send(message: dict[str, Any]) -> None:
-        proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-
-    def answer(request_id: int) -> dict[str, Any]:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            seen.append(json.loads(line))
-            if seen[-1].get("id") == request_id and "method" not in seen[-1]:
-                return seen[-1]
-        raise AssertionError("no answer")
-
+    editor = RawEditor(tmp_path)
     try:
-        send({"id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
-        answer(0)
-        send({"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}})
-        sid = answer(1)["result"]["sessionId"]
-        option = {"sessionId": sid, "configId": "provider", "value": "asker"}
-        send({"id": 2, "method": "session/set_config_option", "params": option})
-        answer(2)
-        send(
-            {
-                "id": 3,
-                "method": "session/prompt",
-                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "?"}]},
-            }
-        )
-        result = answer(3)["result"]  # never answered: permissionTimeout (1 s) ends the wait
+        sid = editor.session_on("asker", tmp_path)
+        prompt = editor.prompt(sid, "?")
+        result = editor.answer(prompt)["result"]  # never answered: permissionTimeout (1 s) ends the wait
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
+        editor.stdin.close()
+        editor.proc.wait(timeout=30)
+    seen = editor.seen
     asked = next(m for m in seen if m.get("method") == "session/request_permission")
     withdrawn = [m for m in seen if m.get("method") == "$/cancel_request"]
     assert withdrawn == [{"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": asked["id"]}}]
-    assert seen.index(withdrawn[0]) < seen.index(next(m for m in seen if m.get("id") == 3 and "result" in m))
+    assert seen.index(withdrawn[0]) < seen.index(next(m for m in seen if m.get("id") == prompt and "result" in m))
     assert result["stopReason"] == "end_turn"  # the agent got "cancelled" for its question and went on
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stop_signal_ends_acp_stdio_as_the_end_of_its_input_does(tmp_path: Path, signum: int) -> None:
-    argv = [*BRIDGE, "acp-stdio", "--config", str(config(tmp_path)), "--state-dir", str(tmp_path / "state")]
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parents[2]
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    lines = [
-        {"id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
-        {"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}},
-    ]
+    editor = RawEditor(tmp_path)
     try:
-        for line in lines:
-            proc.stdin.write(json.dumps({"jsonrpc": "2.0", **line}).encode() + b"\n")
-        proc.stdin.flush()
-        sid = next(m for m in map(json.loads, proc.stdout) if m.get("id") == 1)["result"]["sessionId"]
-        for line in [
-            {
-                "id": 2,
-                "method": "session/set_config_option",
-                "params": {"sessionId": sid, "configId": "provider", "value": "slow"},
-            },
-            {
-                "id": 3,
-                "method": "session/prompt",
-                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]},
-            },
-        ]:
-            proc.stdin.write(json.dumps({"jsonrpc": "2.0", **line}).encode() + b"\n")
-        proc.stdin.flush()
-        for raw in proc.stdout:
-            if json.loads(raw).get("params", {}).get("update", {}).get("content", {}).get("text") == "1 ":
-                break
-        agents = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signum)  # stdin stays open: the signal alone ends it
-        rest = [json.loads(raw) for raw in proc.stdout]
-        assert proc.wait(timeout=30) == 0
+        sid = editor.session_on("slow", tmp_path)
+        prompt = editor.prompt(sid, "go")
+        editor.until_chunk("1 ")
+        agents = psutil.Process(editor.proc.pid).children(recursive=True)
+        editor.proc.send_signal(signum)  # stdin stays open: the signal alone ends it
+        rest = editor.rest()
+        assert editor.proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert next(m for m in rest if m.get("id") == 3)["result"] == {"stopReason": "cancelled"}
+        editor.close()
+    assert next(m for m in rest if m.get("id") == prompt)["result"] == {"stopReason": "cancelled"}
     gone, alive = psutil.wait_procs(agents, timeout=10)
     assert agents and not alive
 
