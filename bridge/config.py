@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
+from compat.gateway.settings import GatewaySettings
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
 from compat.profile.settings import ProfileConfig, ProfileConfigError, parse_profiles
 from compat.settings import (
@@ -73,7 +74,7 @@ class BridgeConfig(Settings, frozen=True):
     workspace_roots: list[str] = []
     providers: dict[str, ProviderConfig | None] | None = None  # None: every preset found on PATH
     profiles: dict[str, ProfileConfig] = {}  # exec profiles (iLink layout)
-    gateway: dict[str, Any] | None = None  # accepted, not implemented yet (load_config warns)
+    gateway: GatewaySettings | None = None  # the OpenClaw gateway (docs/api.md "Gateway")
     knowledge: KnowledgeSettings = msgspec.field(default_factory=KnowledgeSettings)
     knowledge_sources: list[SourceDescriptor] | None = None  # None: the embedded documentation
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
@@ -145,6 +146,12 @@ class BridgeConfig(Settings, frozen=True):
         if self.state_dir:
             return Path(os.path.expanduser(self.state_dir)).resolve()
         return self.data_path() / "state"
+
+    def gateway_identity_path(self) -> Path:
+        """``gateway.identityFile``, resolved (default ``<dataDir>/gateway/device.pem``)."""
+        if self.gateway is not None and self.gateway.identity_file:
+            return Path(os.path.expanduser(self.gateway.identity_file)).resolve()
+        return self.data_path() / "gateway" / "device.pem"
 
     def roots(self) -> list[Path]:
         """Workspace roots as resolved paths (default: the home and the system temp directory)."""
@@ -296,11 +303,8 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             f"({limits.max_turn_attachment_bytes}) of inline attachments as base64 (that needs {carried}): "
             "requests with large attachments will be refused as too large"
         )
-    if config.gateway is not None:
-        warnings.append(
-            "gateway: the OpenClaw gateway is not implemented in this version; the key is ignored "
-            "(turns routed to the gateway answer unavailableCode GATEWAY_NOT_CONFIGURED)"
-        )
+    if config.gateway is not None and config.providers is not None and "openclaw" in config.providers:
+        raise ConfigError(f"{source}: providers.openclaw: the id openclaw names the gateway (gateway:); pick another")
     msgspec.structs.force_setattr(config, "load_warnings", tuple(f"{source}: {w}" for w in warnings))
     return config
 

@@ -32,7 +32,6 @@ from orchestrator.results import (
     GatewayConnectResult,
     GatewayError,
     GatewayRequestResult,
-    GatewaySnapshot,
     KnowledgeReadResult,
     KnowledgeSourcesResult,
     ResolveResult,
@@ -159,16 +158,35 @@ def session_permission(orch: Orchestrator, params: Any, ctx: CallContext) -> Acc
 _NO_GATEWAY = GatewayError(code="GATEWAY_NOT_CONFIGURED", message="no OpenClaw gateway is configured on this bridge")
 
 
-def gateway_connect(orch: Orchestrator, params: Any, ctx: CallContext) -> GatewayConnectResult:
-    snapshot = GatewaySnapshot(status="offline", mode="openclaw", status_text="not configured")
-    return GatewayConnectResult(ok=False, snapshot=snapshot, error=_NO_GATEWAY)
+async def gateway_connect(orch: Orchestrator, params: Any, ctx: CallContext) -> GatewayConnectResult:
+    if orch.gateway is None:
+        snapshot = {"status": "offline", "mode": "openclaw", "statusText": "not configured"}
+        return GatewayConnectResult(ok=False, snapshot=snapshot, error=_NO_GATEWAY)
+    result = await orch.gateway.connect(
+        ctx.principal, params.runtime_id, params.gateway_provider_id, ctx.notify, ctx.connection_id, ctx.closers
+    )
+    return msgspec.convert(result, GatewayConnectResult)
 
 
-def gateway_request(orch: Orchestrator, params: Any, ctx: CallContext) -> GatewayRequestResult:
-    return GatewayRequestResult(ok=False, payload=None, error=_NO_GATEWAY)
+async def gateway_request(orch: Orchestrator, params: Any, ctx: CallContext) -> GatewayRequestResult:
+    if orch.gateway is None:
+        return GatewayRequestResult(ok=False, payload=None, error=_NO_GATEWAY)
+    result = await orch.gateway.request(
+        ctx.principal,
+        params.runtime_id,
+        params.method,
+        params.params,
+        params.timeout_ms,
+        ctx.notify,
+        ctx.connection_id,
+        ctx.closers,
+    )
+    return msgspec.convert(result, GatewayRequestResult)
 
 
 def gateway_disconnect(orch: Orchestrator, params: Any, ctx: CallContext) -> AcceptedResult:
+    if orch.gateway is not None:
+        orch.gateway.disconnect(ctx.principal, params.runtime_id)
     return AcceptedResult(accepted=True)
 
 
@@ -176,9 +194,17 @@ def system_logs(orch: Orchestrator, params: Any, ctx: CallContext) -> SystemLogs
     admin = ctx.principal in orch.admin_principals
     return SystemLogsResult(
         bridge_status="ok",
-        gateway_status="unknown",  # no gateway in this version: the panel shows it grey
+        gateway_status=_gateway_status(orch),
         bridge_logs=RECENT.lines(params.limit) if admin else [],
     )
+
+
+def _gateway_status(orch: Orchestrator) -> str:
+    """``ok`` (connected), ``error`` (stopped on a refusal), ``unknown`` (not configured or not
+    connected yet): the words the app's Logs panel colours."""
+    if orch.gateway is None:
+        return "unknown"
+    return {"connected": "ok", "error": "error"}.get(orch.gateway.status, "unknown")
 
 
 async def knowledge_sources(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeSourcesResult:
@@ -225,8 +251,8 @@ METHODS: tuple[MethodSpec, ...] = (
         "session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True
     ),
     MethodSpec("system.logs", system_logs, Params(_MODELS, "SystemLogsParams"), SystemLogsResult, inline=True),
-    MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=True),
-    MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=True),
+    MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=False),
+    MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=False),
     MethodSpec("xworkmate.gateway.disconnect", gateway_disconnect, _GATEWAY, AcceptedResult, inline=True),
     MethodSpec(
         "knowledge.sources",

@@ -9,6 +9,7 @@ inherits the preset's command, args, label and modelFlag where it leaves them ou
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from bridge import CONTRACT_VERSION, __version__
@@ -98,6 +99,21 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
             profile_id, profile, config.limits, config.timeouts, profile_dir=config.profile_dir, roots=config.roots()
         )
         enabled.add(profile_id)
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = [
+        reap_orphans_forever
+    ]  # daemons an agent left behind that exited on their own
+    gateway = None
+    if config.gateway is not None and config.gateway.enabled:
+        from compat.gateway.adapter import PROVIDER_ID, GatewayAdapter
+        from compat.gateway.runtimes import GatewayRuntimes
+
+        register_secret(config.gateway.token)
+        register_secret(config.gateway.password)
+        adapter = GatewayAdapter(config.gateway, config.gateway_identity_path(), version=__version__)
+        adapters[PROVIDER_ID] = adapter
+        enabled.add(PROVIDER_ID)
+        background.append(adapter.client.run)  # the connection's supervisor: idle until wanted
+        gateway = GatewayRuntimes(adapter)
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
     keep_recent()  # the log lines system.logs returns
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}
@@ -109,7 +125,8 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         bridge_info=info,
         methods=list(METHOD_NAMES),
         knowledge=knowledge,
-        background=[reap_orphans_forever],  # daemons an agent left behind that exited on their own
+        background=background,
+        gateway=gateway,
         admin_principals=config.admin_principals,
         remote_root=config.remote_root(),
         remote_workspaces=remote if (remote := config.remote_workspaces) is not None else not is_loopback(config.host),

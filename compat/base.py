@@ -239,6 +239,8 @@ class TurnOutcome(msgspec.Struct, frozen=True):
     resolved_model: str | None = None
     context_reset: bool = False
     artifacts: list[dict[str, Any]] | None = None  # the result's ``artifacts`` (knowledge turns)
+    run_id: str | None = None  # the result's ``runId`` (gateway turns)
+    mode: str | None = None  # the result's ``mode`` (``gateway-chat``)
 
 
 # ---- the adapter Protocol -----------------------------------------------------------------------

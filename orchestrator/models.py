@@ -137,6 +137,7 @@ class SystemLogsParams(_Params):
 
 class GatewayParams(_Params):
     runtime_id: str = ""
+    gateway_provider_id: str = ""
     method: str = ""
     params: dict[str, Any] | None = None
     timeout_ms: float | None = None

@@ -121,13 +121,22 @@ class ProviderRegistry:
         return probe.status, probe.detail
 
     def available(self) -> list[str]:
-        """Providers a turn may be routed to. ``auth_required`` ones stay routable: their turn
-        fails with a clear AGENT_AUTH_REQUIRED (and a hint) rather than a vague "unavailable"."""
-        return [i for i in self._order if self.status(i).status in ("ok", "auth_required")]
+        """Providers a turn may be routed to on the agent target. ``auth_required`` ones stay
+        routable: their turn fails with a clear AGENT_AUTH_REQUIRED (and a hint) rather than a
+        vague "unavailable"."""
+        return [i for i in self._agents() if self.status(i).status in ("ok", "auth_required")]
 
-    def catalog(self) -> list[ProviderEntry]:
+    def gateway_ids(self) -> list[str]:
+        """The enabled gateway providers (category ``gateway``: the ``gateway`` target)."""
+        return [i for i in self._order if self._adapters[i].info.category == "gateway" and i in self._enabled]
+
+    def _agents(self) -> list[str]:
+        return [i for i in self._order if self._adapters[i].info.category != "gateway"]
+
+    def catalog(self, *, gateways: bool = False) -> list[ProviderEntry]:
+        """``providerCatalog`` (the agent target's providers), or ``gatewayProviders``."""
         entries = []
-        for provider_id in self._order:
+        for provider_id in self.gateway_ids() if gateways else self._agents():
             info = self._adapters[provider_id].info
             probe = self.status(provider_id)
             entries.append(
@@ -144,7 +153,7 @@ class ProviderRegistry:
 
     def probe_summary(self) -> list[ProbeEntry]:
         summary = []
-        for provider_id in self._order:
+        for provider_id in self._agents():
             probe = self.status(provider_id)
             summary.append(ProbeEntry(provider_id=provider_id, available=probe.available, status=probe.status))
         return summary

@@ -137,6 +137,8 @@ class TurnResult(Result, frozen=True):
     artifacts: list[dict[str, Any]] | UnsetType = UNSET
     artifacts_omitted: str | UnsetType = UNSET
     context_restored: str | UnsetType = UNSET
+    mode: str | UnsetType = UNSET
+    run_id: str | UnsetType = UNSET
 
 
 class UnavailableTurnResult(Result, frozen=True):
@@ -274,19 +276,24 @@ class SystemLogsResult(Result, frozen=True):
 
 
 class GatewayError(Result, frozen=True):
+    """A gateway failure: the bridge's code or the gateway's, with the gateway's ``details``."""
+
     code: str
     message: str
+    details: dict[str, Any] | UnsetType = UNSET
 
 
-class GatewaySnapshot(Result, frozen=True):
-    status: str
-    mode: str
-    status_text: str
+class GatewayAuth(Result, frozen=True):
+    role: str
+    scopes: list[str]
+    method: str = ""
 
 
 class GatewayConnectResult(Result, frozen=True):
     ok: bool
-    snapshot: GatewaySnapshot
+    snapshot: dict[str, Any]  # docs/api.md xworkmate.gateway.connect: status, mode, statusText, …
+    auth: GatewayAuth | None = None
+    returned_device_token: bool = False
     error: GatewayError | None = None
 
 

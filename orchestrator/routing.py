@@ -173,6 +173,11 @@ class Resolution(msgspec.Struct):
     def unavailable(self) -> bool:
         return bool(self.unavailable_code)
 
+    @property
+    def provider_key(self) -> str:
+        """The registry id of the provider that runs the turn: the agent, or the gateway provider."""
+        return self.resolved_provider_id or self.resolved_gateway_provider_id
+
     def preference(self) -> dict[str, Any]:
         """The preference fields, as keyword arguments of the result structs."""
         return {

@@ -35,7 +35,6 @@ from orchestrator.results import (
     CapabilitiesResult,
     CloseResult,
     NestedCapabilities,
-    ProviderEntry,
     ResolveResult,
     SessionListEntry,
     SessionListResult,
@@ -53,6 +52,7 @@ from orchestrator.turn import EditorInput, Turn, TurnInput, new_turn_id
 from orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
+    from compat.gateway.runtimes import GatewayRuntimes
     from compat.knowledge.service import KnowledgeService
     from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 
@@ -102,8 +102,10 @@ class Orchestrator:
         remote_root: Path | None = None,
         remote_workspaces: bool = False,
         store: Store | None = None,
+        gateway: GatewayRuntimes | None = None,
     ) -> None:
         self.registry = registry
+        self.gateway = gateway  # the xworkmate.gateway.* runtimes, when a gateway is configured
         self.store = store
         self._background = tuple(background)
         self.admin_principals = frozenset(admin_principals)
@@ -228,10 +230,9 @@ class Orchestrator:
 
     def _build_capabilities(self) -> CapabilitiesResult:
         catalog = self.registry.catalog()
-        # No gateway target until the OpenClaw gateway is implemented: a target is advertised only
-        # when a turn routed to it can run.
-        targets: list[str] = ["agent"]
-        gateways: list[ProviderEntry] = []
+        # A target is advertised only when a turn routed to it can run.
+        gateways = self.registry.catalog(gateways=True)
+        targets: list[str] = ["agent", "gateway"] if gateways else ["agent"]
         single = any(entry.enabled for entry in catalog)
         return CapabilitiesResult(
             single_agent=single,
@@ -268,7 +269,9 @@ class Orchestrator:
         # reaches it, and its turn then says how to authenticate).
         agents = [p for p in available if self.registry.category(p) != "knowledge"]
         agents = [p for p in agents if self.registry.status(p).available] or agents or available
-        resolution = resolve(inp, available, gateway_configured=False, auto_available=agents)
+        resolution = resolve(
+            inp, available, gateway_configured=bool(self.registry.gateway_ids()), auto_available=agents
+        )
         chosen = resolution.resolved_provider_id
         if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:
             resolution.unavailable_message = self._why_unavailable(chosen)

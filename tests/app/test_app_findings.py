@@ -21,17 +21,19 @@ def rpc(client: TestClient, method: str, params: dict[str, Any] | None = None, *
     return response.json()
 
 
-# ---- 1. a gateway key advertises nothing that cannot run, and one turn stops no other ----------
+# ---- 1. an unreachable gateway fails its own turns, once each, and stops no other turn -----------
 
 
-def test_a_gateway_key_advertises_no_gateway_and_gateway_turns_are_unavailable(tmp_path: Path) -> None:
-    with TestClient(make_app(tmp_path, gateway={"url": "ws://127.0.0.1:1"})) as client:
+def test_an_unreachable_gateway_fails_each_gateway_turn_once_and_stops_no_other(tmp_path: Path) -> None:
+    gateway = {"url": "ws://127.0.0.1:1", "token": "t0k3n-for-tests", "connectTimeout": 1}
+    with TestClient(make_app(tmp_path, gateway=gateway)) as client:
         caps = rpc(client, "acp.capabilities")["result"]
-        assert caps["availableExecutionTargets"] == ["agent"] and caps["gatewayProviders"] == []
+        assert caps["availableExecutionTargets"] == ["agent", "gateway"]
         routing = {"routingMode": "explicit", "explicitExecutionTarget": "gateway"}
         for _ in range(2):
-            gateway = client.post("/acp/rpc", json=start("g1", routing=routing)).json()["result"]
-            assert gateway["unavailableCode"] == "GATEWAY_NOT_CONFIGURED" and gateway["success"] is False
+            turn = client.post("/acp/rpc", json=start("g1", routing=routing)).json()["result"]
+            assert turn["status"] == "failed" and turn["error"]["code"] == "GATEWAY_UNAVAILABLE"
+            assert "cannot reach ws://127.0.0.1:1" in turn["error"]["message"]
         later = client.post("/acp/rpc", json=start("s2")).json()["result"]
     assert later["status"] == "completed"
 

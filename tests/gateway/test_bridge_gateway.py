@@ -1,0 +1,214 @@
+"""The gateway through the whole bridge over a real WebSocket, against the double: what
+``acp.capabilities`` advertises, the ``xworkmate.gateway.*`` methods and notifications, principal
+isolation, the allow-list, and gateway-routed turns (stream, tool call, result, cancel)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+
+from bridge.cli import build_app
+from bridge.config import BridgeConfig
+from compat.settings import convert
+from tests.fakes.fake_gateway import TOKEN, FakeGateway
+from tests.helpers import WsClient, in_background, real_server
+
+pytestmark = pytest.mark.timeout(60)
+ALICE, BOB = "alice-token-1234", "bob-token-5678"
+
+
+def config(tmp_path: Path, url: str, **gateway: Any) -> BridgeConfig:
+    data = {
+        "workspaceRoots": [str(tmp_path)],
+        "authTokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}],
+        "providers": {},
+        "gateway": {"url": url, "token": TOKEN, "connectTimeout": 3, **gateway},
+        "timeouts": {"cancelGrace": 2},
+        "dataDir": str(tmp_path / "data"),
+    }
+    return convert(data, BridgeConfig)
+
+
+class Bridge:
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def client(self, token: str, tg: anyio.abc.TaskGroup) -> WsClient:
+        ws = await connect(f"ws://127.0.0.1:{self.port}/acp", additional_headers={"Authorization": f"Bearer {token}"})
+        client = WsClient(ws)
+        tg.start_soon(client.pump)
+        return client
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[FakeGateway]:
+    async with FakeGateway() as gw:
+        yield gw
+
+
+@pytest.fixture
+async def bridge(tmp_path: Path, gateway: FakeGateway) -> AsyncIterator[Bridge]:
+    cfg = config(tmp_path, gateway.url)
+    async with in_background(real_server(cfg, build_app(cfg))) as port:
+        yield Bridge(port)
+
+
+def gateway_turn(session: str, prompt: str = "Say hello", cwd: str = "") -> dict[str, Any]:
+    params = {
+        "sessionId": session,
+        "taskPrompt": prompt,
+        "routing": {"routingMode": "explicit", "explicitExecutionTarget": "gateway"},
+    }
+    if cwd:
+        params["workingDirectory"] = cwd
+    return params
+
+
+async def test_capabilities_advertise_the_gateway_only_when_configured(bridge, tmp_path):
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        caps = (await alice.call("acp.capabilities", {}))["result"]
+        assert caps["availableExecutionTargets"] == ["agent", "gateway"]
+        assert [p["providerId"] for p in caps["gatewayProviders"]] == ["openclaw"]
+        assert all(p["providerId"] != "openclaw" for p in caps["providerCatalog"])
+        tg.cancel_scope.cancel()
+    plain = convert({"workspaceRoots": [str(tmp_path)], "providers": {}}, BridgeConfig)
+    async with real_server(plain, build_app(plain)) as port, anyio.create_task_group() as tg:
+        client = await Bridge(port).client("", tg)
+        caps = (await client.call("acp.capabilities", {}))["result"]
+        assert caps["availableExecutionTargets"] == ["agent"] and caps["gatewayProviders"] == []
+        tg.cancel_scope.cancel()
+
+
+async def test_connect_request_disconnect_and_their_notifications(bridge, gateway):
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        reply = (await alice.call("xworkmate.gateway.connect", {"runtimeId": "rt-1", "mode": "remote"}))["result"]
+        assert reply["ok"] is True and reply["error"] is None
+        assert reply["snapshot"]["status"] == "connected" and reply["snapshot"]["mode"] == "openclaw"
+        assert reply["returnedDeviceToken"] is True
+        assert "devtok-" not in str(reply) and TOKEN not in str(reply)
+        assert reply["auth"]["role"] == "operator"
+        health = await alice.call("xworkmate.gateway.request", {"runtimeId": "rt-1", "method": "health", "params": {}})
+        assert health["result"] == {"ok": True, "payload": health["result"]["payload"], "error": None}
+        assert health["result"]["payload"]["ok"] is True
+        refused = (await alice.call("xworkmate.gateway.request", {"runtimeId": "rt-1", "method": "config.apply"}))[
+            "result"
+        ]
+        assert refused["ok"] is False and refused["error"]["code"] == "METHOD_NOT_ALLOWED"
+        assert not any(r.get("method") == "config.apply" for r in gateway.requests)
+        await gateway.send_event("health", {"ok": True})
+        await alice.wait(lambda: any(n["method"] == "xworkmate.gateway.push" for n in alice.notes))
+        push = next(n for n in alice.notes if n["method"] == "xworkmate.gateway.push")["params"]
+        assert push["runtimeId"] == "rt-1" and push["event"]["event"] == "health"
+        assert any(n["method"] == "xworkmate.gateway.snapshot" for n in alice.notes)
+        assert any(n["method"] == "xworkmate.gateway.log" for n in alice.notes)
+        bye = await alice.call("xworkmate.gateway.disconnect", {"runtimeId": "rt-1"})
+        assert bye["result"] == {"accepted": True}
+        assert (await alice.call("xworkmate.gateway.disconnect", {"runtimeId": "rt-1"}))["result"] == {"accepted": True}
+        offline = (await alice.call("xworkmate.gateway.request", {"runtimeId": "rt-1", "method": "health"}))["result"]
+        assert offline["ok"] is False and offline["error"]["code"] == "OFFLINE"
+        missing = (await alice.call("xworkmate.gateway.connect", {}))["result"]
+        assert missing["ok"] is False and missing["error"]["code"] == "INVALID_RUNTIME_ID"
+        tg.cancel_scope.cancel()
+
+
+async def test_one_principal_never_sees_another_principals_runtime_events_or_gateway_session(bridge, gateway):
+    async with anyio.create_task_group() as tg:
+        alice, bob = await bridge.client(ALICE, tg), await bridge.client(BOB, tg)
+        for client in (alice, bob):
+            assert (await client.call("xworkmate.gateway.connect", {"runtimeId": "same-id"}))["result"]["ok"]
+        sent = await alice.call(
+            "xworkmate.gateway.request",
+            {
+                "runtimeId": "same-id",
+                "method": "chat.send",
+                "params": {"sessionKey": "main", "message": "hi", "idempotencyKey": "k1"},
+            },
+        )
+        assert sent["result"]["ok"] is True
+        await alice.wait(lambda: any(_run_push(n, "final") for n in alice.notes))
+        key = next(r for r in gateway.requests if r.get("method") == "chat.send")["params"]["sessionKey"]
+        assert key.startswith("xwm-") and key.endswith("-main")  # the key was put in alice's namespace
+        # bob's own request (answered after alice's events were sent) shows bob saw none of them
+        await bob.call("xworkmate.gateway.request", {"runtimeId": "same-id", "method": "health"})
+        assert not any(
+            n["method"] == "xworkmate.gateway.push" and n["params"]["event"]["event"] in ("chat", "agent", "chat.run")
+            for n in bob.notes
+        )
+        run = next(n for n in alice.notes if _run_push(n, "final"))["params"]["event"]["payload"]
+        assert run["terminal"] is True and run["assistantText"] == "Hello from the gateway."
+        tg.cancel_scope.cancel()
+
+
+def _run_push(note: dict[str, Any], state: str) -> bool:
+    if note["method"] != "xworkmate.gateway.push":
+        return False
+    event = note["params"]["event"]
+    return event["event"] == "chat.run" and event["payload"]["state"] == state
+
+
+async def test_a_gateway_routed_turn_streams_text_and_tool_calls_and_ends_like_an_agent_turn(bridge, gateway, tmp_path):
+    gateway.tool_call = {"name": "write", "args": {"path": "hello.txt", "content": "hi\n"}}
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        reply = await alice.call("session.start", gateway_turn("s-gw-1", cwd=str(tmp_path)))
+        result = reply["result"]
+        assert result["status"] == "completed" and result["success"] is True
+        assert result["output"] == "Hello from the gateway."
+        assert result["mode"] == "gateway-chat" and result["runId"] == result["turnId"]
+        assert result["resolvedExecutionTarget"] == "gateway" and result["resolvedGatewayProviderId"] == "openclaw"
+        sent = next(r for r in gateway.requests if r.get("method") == "chat.send")["params"]
+        assert sent["idempotencyKey"] == result["turnId"] and sent["message"] == "Say hello"
+        assert result["upstreamSessionId"] == sent["sessionKey"]
+        updates = alice.updates(result["turnId"])
+        deltas = "".join(u.get("delta", "") for u in updates if u.get("type") == "delta")
+        assert deltas == "Hello from the gateway."
+        tools = [u for u in updates if u.get("type") in ("tool_call", "tool_call_update")]
+        assert tools[0]["type"] == "tool_call" and tools[0]["toolCall"]["toolCallId"] == "call_1"
+        assert tools[0]["toolCall"]["title"] == "Run write"
+        assert tools[-1]["toolCall"]["status"] == "completed"
+        assert any(u.get("event") == "gateway_status" for u in updates)
+        # the next turn of the session continues the same gateway session
+        again = (await alice.call("session.message", gateway_turn("s-gw-1")))["result"]
+        keys = [r["params"]["sessionKey"] for r in gateway.requests if r.get("method") == "chat.send"]
+        assert again["status"] == "completed" and keys[0] == keys[1]
+        tg.cancel_scope.cancel()
+
+
+async def test_session_cancel_sends_chat_abort_and_the_turn_ends_cancelled(bridge, gateway):
+    gateway.reply_chunks = [f"tick {i} " for i in range(100)]
+    gateway.chunk_delay = 0.05
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        request_id = await alice.send("session.start", gateway_turn("s-gw-2"))
+        await alice.wait(lambda: any(u.get("type") == "delta" for u in alice.updates()))
+        cancel = await alice.call("session.cancel", {"sessionId": "s-gw-2"})
+        assert cancel["result"]["accepted"] is True
+        await alice.wait(lambda: request_id in alice.replies)
+        result = alice.replies[request_id]["result"]
+        assert result["status"] == "cancelled"
+        abort = next(r for r in gateway.requests if r.get("method") == "chat.abort")["params"]
+        assert abort["runId"] == result["turnId"] and gateway.aborted == [result["turnId"]]
+        tg.cancel_scope.cancel()
+
+
+async def test_a_gateway_that_refuses_the_token_fails_each_turn_once_with_the_precise_cause(tmp_path):
+    async with FakeGateway(token="another-token") as gateway:
+        cfg = config(tmp_path, gateway.url)
+        async with real_server(cfg, build_app(cfg)) as port, anyio.create_task_group() as tg:
+            alice = await Bridge(port).client(ALICE, tg)
+            result = (await alice.call("session.start", gateway_turn("s-gw-3")))["result"]
+            assert result["status"] == "failed"
+            assert result["error"]["code"] == "GATEWAY_ERROR"
+            assert result["error"]["data"]["detailCode"] == "AUTH_TOKEN_MISMATCH"
+            assert "refused gateway.token" in result["error"]["message"]
+            assert len(gateway.attempts) == 1  # one attempt per turn, no retry loop
+            logs = (await alice.call("system.logs", {}))["result"]
+            assert logs["gatewayStatus"] == "error"
+            tg.cancel_scope.cancel()
