@@ -42,7 +42,7 @@ import msgspec
 from bridge import __version__
 from bridge.rpc.errors import InvalidParams, LimitReached, RpcError
 from compat.peer import REQUEST_ID, AfterReply, JsonRpcPeer, PeerError, ResponseError, Write
-from orchestrator.results import TurnResult, UnavailableTurnResult
+from orchestrator.results import ProviderEntry, TurnResult, UnavailableTurnResult
 from orchestrator.service import Orchestrator
 from orchestrator.sessions import StreamListener
 from orchestrator.turn import EditorInput
@@ -381,12 +381,24 @@ class AcpAgent:
     def _providers(self) -> dict[str, str]:
         """Every configured provider, id -> label, in catalog order: the list stays the same
         while probes come and go (a provider that needs authentication stays choosable, and its
-        prompt then says how to authenticate)."""
-        return {p.provider_id: p.label for p in self._orch.capabilities().provider_catalog}
+        prompt then says how to authenticate), then the gateway when one is configured."""
+        return {p.provider_id: p.label for p in self._catalog()}
+
+    def _catalog(self) -> list[ProviderEntry]:
+        caps = self._orch.capabilities()
+        return [*caps.provider_catalog, *caps.gateway_providers]
+
+    def _routing(self, provider: str) -> dict[str, Any] | None:
+        """A turn's ``routing`` for the chosen ``provider``: the bridge's own, an agent, or the gateway."""
+        if provider == AUTO:
+            return None
+        if any(p.provider_id == provider for p in self._orch.capabilities().gateway_providers):
+            return {"routingMode": "explicit", "explicitExecutionTarget": "gateway"}
+        return {"explicitProviderId": provider}
 
     def _provider_options(self) -> list[dict[str, Any]]:
         options = [{"value": AUTO, "name": "Auto", "description": "the bridge's routing picks the provider"}]
-        for entry in self._orch.capabilities().provider_catalog:
+        for entry in self._catalog():
             option = {"value": entry.provider_id, "name": entry.label or entry.provider_id}
             if isinstance(entry.unavailable_reason, str):
                 option["description"] = f"unavailable now: {entry.unavailable_reason}"[:300]
@@ -544,7 +556,7 @@ class AcpAgent:
                 "sessionId": request.session_id,
                 "taskPrompt": text,
                 "workingDirectory": session.cwd,
-                "routing": None if session.provider == AUTO else {"explicitProviderId": session.provider},
+                "routing": self._routing(session.provider),
                 "model": session.model(),
             }
         )

@@ -170,15 +170,18 @@ def _succeeded(reply: dict[str, Any]) -> bool:
 def cmd_chat(args: argparse.Namespace) -> int:
     from bridge.client import call
 
+    if args.target == "gateway" and args.provider:
+        print("xworkmate-bridge chat: --provider names an agent; it cannot go with --target gateway", file=sys.stderr)
+        return 2
     params: dict[str, Any] = {"sessionId": f"chat-{uuid.uuid4().hex[:12]}", "taskPrompt": args.prompt}
     if args.cwd:
         params["workingDirectory"] = os.path.abspath(args.cwd)
-    if args.provider:
-        params["routing"] = {
-            "routingMode": "explicit",
-            "explicitExecutionTarget": "agent",
-            "explicitProviderId": args.provider,
-        }
+    if args.target == "gateway":
+        params["routing"] = {"routingMode": "explicit", "explicitExecutionTarget": "gateway"}
+    elif args.provider or args.target == "agent":
+        params["routing"] = {"routingMode": "explicit", "explicitExecutionTarget": "agent"}
+        if args.provider:
+            params["routing"]["explicitProviderId"] = args.provider
     if args.model:
         params["model"] = args.model
 
@@ -282,7 +285,8 @@ def turn_summary(result: dict[str, Any], seconds: float) -> str:
     code and message, its hint and the agent's ``authMethods`` when the result carries them."""
     summary = (
         f"[{result.get('status')}] turnId={result.get('turnId') or '-'} "
-        f"provider={result.get('resolvedProviderId') or '-'} seconds={seconds:.2f}"
+        f"provider={result.get('resolvedProviderId') or result.get('resolvedGatewayProviderId') or '-'} "
+        f"seconds={seconds:.2f}"
     )
     if result.get("status") == "unavailable":
         summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
@@ -388,6 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="run one turn and print the agent's streamed text")
     p.add_argument("prompt")
     p.add_argument("--provider", help="provider id (see `providers`); default: routing picks one")
+    p.add_argument(
+        "--target",
+        choices=("agent", "gateway"),
+        help="route explicitly to an agent or to the configured OpenClaw gateway (default: routing decides)",
+    )
     p.add_argument("--model", help="model to apply, when the agent supports choosing one")
     p.add_argument("--cwd", help="the agent's working directory (inside the bridge's workspaceRoots)")
     client_options(p)

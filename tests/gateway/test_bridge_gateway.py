@@ -4,6 +4,7 @@ isolation, the allow-list, and gateway-routed turns (stream, tool call, result, 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,36 @@ async def test_a_gateway_that_refuses_the_token_fails_each_turn_once_with_the_pr
             logs = (await alice.call("system.logs", {}))["result"]
             assert logs["gatewayStatus"] == "error"
             tg.cancel_scope.cancel()
+
+
+async def test_editors_get_the_gateway_as_one_more_provider_choice(bridge, tmp_path):
+    async with anyio.create_task_group() as tg:
+        editor = await bridge.client(ALICE, tg)  # an ACP initialize opens the editor dialect
+        assert "result" in await editor.call("initialize", {"protocolVersion": 1})
+        new = (await editor.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["result"]
+        option = next(o for o in new["configOptions"] if o["id"] == "provider")
+        assert "openclaw" in [choice["value"] for choice in option["options"]]
+        chosen = await editor.call(
+            "session/set_config_option", {"sessionId": new["sessionId"], "configId": "provider", "value": "openclaw"}
+        )
+        assert "result" in chosen, chosen
+        prompt = {"sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "Say hello"}]}
+        done = (await editor.call("session/prompt", prompt))["result"]
+        assert done["stopReason"] == "end_turn"
+        chunks = [
+            n["params"]["update"]["content"]["text"]
+            for n in editor.notes
+            if n["method"] == "session/update" and n["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+        ]
+        assert "".join(chunks) == "Hello from the gateway."
+        tg.cancel_scope.cancel()
+
+
+async def test_chat_with_target_gateway_streams_a_gateway_routed_turn(bridge):
+    argv = [sys.executable, "-m", "bridge.cli", "chat", "--url", f"http://127.0.0.1:{bridge.port}", "--token", ALICE]
+    done = await anyio.run_process([*argv, "--target", "gateway", "Say hello"], check=False)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "Hello from the gateway." in out and "[completed]" in out and "provider=openclaw" in out
+    refused = await anyio.run_process([*argv, "--target", "gateway", "--provider", "codex", "hi"], check=False)
+    assert refused.returncode == 2 and b"cannot go with --target gateway" in refused.stderr
