@@ -111,6 +111,10 @@ TURN_ERROR_CODES: dict[str, str] = {
     "PROFILE_TIMEOUT": "The exec profile ran longer than timeout_secs; its process group was ended.",
     "KNOWLEDGE_SOURCES_FAILED": "Every selected knowledge source failed; the runtime was not called.",
     "RUNTIME_FAILED": "The knowledge runtime (an OpenAI-compatible model) failed; evidence is kept.",
+    "GATEWAY_UNAVAILABLE": "The gateway was not reachable or connected within connectTimeout.",
+    "GATEWAY_TIMEOUT": "A gateway request of the turn timed out.",
+    "GATEWAY_ERROR": "The gateway refused the connection or a request of the turn.",
+    "GATEWAY_RUN_FAILED": "The gateway ran the chat and the run ended in error.",
     "CANCELLED": "The turn was cancelled (or its session closed) before it started.",
     "INTERNAL_ERROR": "The bridge failed unexpectedly; see its log.",
 }

@@ -109,6 +109,7 @@ class GatewayClient:
         self._protocol = wire.PROTOCOL_RANGE
         self._shared_only = False  # a refused device token: the next connect uses the shared credential
         self._wanted = False
+        self._epoch = 0  # counts disconnect() calls: an attempt they cut short is not a failure
         self._wake = anyio.Event()
         self._changed = anyio.Event()
         self._ws: ClientConnection | None = None
@@ -155,6 +156,7 @@ class GatewayClient:
     def disconnect(self) -> None:
         """Stop wanting the connection: close it and stop reconnecting. Idempotent."""
         self._wanted = False
+        self._epoch += 1
         if self._scope is not None:
             self._scope.cancel()
         self._wake.set()
@@ -260,7 +262,10 @@ class GatewayClient:
                 while not self._wanted:
                     await self._wake.wait()
                     self._wake = anyio.Event()
+                epoch = self._epoch
                 delay = await self._attempt()
+                if self._epoch != epoch:  # disconnect() meanwhile (and perhaps connect() again)
+                    continue
                 if delay is None or not self._wanted:
                     self._wanted = False
                     continue

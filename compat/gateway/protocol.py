@@ -147,7 +147,22 @@ class GatewayError(Exception):
         return out
 
 
-_AUTH_CODES = {"UNAUTHORIZED", "NOT_PAIRED", "AUTH_REQUIRED", "FORBIDDEN"}
+GATEWAY_ERROR_CODES: dict[str, str] = {
+    "GATEWAY_NOT_CONFIGURED": "no gateway is configured on this bridge",
+    "INVALID_RUNTIME_ID": "runtimeId is missing",
+    "UNKNOWN_GATEWAY_PROVIDER": "gatewayProviderId names no configured gateway (only openclaw exists)",
+    "TOO_MANY_RUNTIMES": "the principal already has 16 runtimes",
+    "METHOD_NOT_ALLOWED": "the method is not on gateway.allowMethods",
+    "OFFLINE": "the gateway is not connected",
+    "RPC_TIMEOUT": "the gateway did not answer the request within its timeout",
+    "SOCKET_CLOSED": "the connection closed while the request was pending",
+    "SOCKET_FAILURE": "the gateway could not be reached (refused, DNS, TLS, not a WebSocket)",
+    "CONNECT_CHALLENGE_TIMEOUT": "the gateway sent no connect.challenge within challengeTimeout",
+    "CONNECT_TIMEOUT": "no hello-ok within connectTimeout (the message names the last failure)",
+    "DEVICE_IDENTITY_INVALID": "gateway.identityFile cannot be read, is not Ed25519, or others may read it",
+}
+"""The bridge's own ``error.code`` values in ``xworkmate.gateway.*`` results; any other code is
+the gateway's (``INVALID_REQUEST``, ``NOT_PAIRED``, ``UNAVAILABLE`` …) with its ``details.code``."""
 
 
 def remedy(error: GatewayError, *, sent_device_token: bool) -> Remedy:

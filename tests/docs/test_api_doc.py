@@ -85,7 +85,7 @@ def test_every_json_block_in_the_doc_parses():
 
 
 def test_config_example_is_a_valid_configuration(monkeypatch, tmp_path):
-    for var in ("MY_BRIDGE_TOKEN", "GEMINI_API_KEY", "MY_API_KEY"):
+    for var in ("MY_BRIDGE_TOKEN", "GEMINI_API_KEY", "MY_API_KEY", "OPENCLAW_GATEWAY_TOKEN"):
         monkeypatch.setenv(var, "x" * 8)
     from bridge.config import load_config
 
@@ -93,6 +93,20 @@ def test_config_example_is_a_valid_configuration(monkeypatch, tmp_path):
     path.write_text(EXAMPLES["config"][1])
     config = load_config(str(path))
     assert config.load_warnings == () and isinstance(config, BridgeConfig)
+
+
+def test_gateway_config_example_is_the_defaults():
+    from compat.gateway.settings import GatewaySettings
+
+    data = yaml.safe_load(EXAMPLES["gateway-config"][1].replace("${OPENCLAW_GATEWAY_TOKEN}", "t"))
+    documented = convert(data["gateway"], GatewaySettings)
+    assert documented == GatewaySettings(url=documented.url, token="t")
+
+
+def test_gateway_error_table_matches_the_code():
+    from compat.gateway.protocol import GATEWAY_ERROR_CODES
+
+    assert [row[0] for row in table("gateway-errors")] == list(GATEWAY_ERROR_CODES)
 
 
 def test_knowledge_config_example_is_valid():

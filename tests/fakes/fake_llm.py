@@ -16,7 +16,10 @@ and is still recorded.
 The reply is configurable (``set_reply``): a text (default ``"Hello from mock"``) or a list of
 chunks, each sent as its own delta, with an optional delay before each chunk; ``queue_reply`` sets
 the answer for the next main call only (FIFO), and ``responder`` (a callable taking the recorded
-request) can decide per request. Side calls are
+request) can decide per request. A reply can also call a tool: ``Reply.function_call`` (Gemini) or
+``Reply.tool_call`` (OpenAI chat completions, e.g. ``queue_reply(tool_call={"name": "write",
+"arguments": {"path": "hello.txt", "content": "hi\\n"}})``: a ``tool_calls`` delta and
+``finish_reason: "tool_calls"``). Side calls are
 recognised and answered sensibly: title generators get a short title, structured-output calls
 (JSON mode / response schema, e.g. gemini's next-speaker check or model router) get a JSON object
 built from the requested schema. Every request is recorded (method, path, query, headers, JSON
@@ -133,6 +136,11 @@ class Reply:
     function_call: dict[str, Any] | None = None
     """Gemini only: ``{name, args}``, answered as one ``functionCall`` part after the chunks (an
     agent's tool use: its next request carries the ``functionResponse``)."""
+    tool_call: dict[str, Any] | None = None
+    """OpenAI chat completions only: ``{"name": ..., "arguments": {...} or "<json>", "id"?: ...}``,
+    answered after the chunks as one ``tool_calls`` entry (id ``call_fake_<n>`` unless given) with
+    ``finish_reason: "tool_calls"``, streamed or not. Empty text chunks are not sent as deltas. The
+    agent's next request carries the ``role: "tool"`` result."""
 
     @property
     def text(self) -> str:
@@ -236,6 +244,7 @@ class FakeLLM:
         self.models = list(models)
         self.requests: list[RecordedRequest] = []
         self.responder: Responder | None = None
+        self._tool_call_seq = 0
         self._queue: deque[Reply] = deque()
         self._reply = Reply()
         self.set_reply(reply, chunks=chunks, delay=delay)
@@ -256,11 +265,27 @@ class FakeLLM:
             parts = [DEFAULT_REPLY if text is None else text]
         self._reply = Reply(chunks=parts or [""], delay=float(delay))
 
-    def queue_reply(self, text: str | None = None, *, chunks: Iterable[str] | None = None, delay: float = 0.0) -> None:
-        """Answer the *next* main model call with this reply (FIFO); later calls fall back to set_reply."""
-        parts = [str(c) for c in chunks] if chunks is not None else [DEFAULT_REPLY if text is None else text]
+    def queue_reply(
+        self,
+        text: str | None = None,
+        *,
+        chunks: Iterable[str] | None = None,
+        delay: float = 0.0,
+        tool_call: dict[str, Any] | None = None,
+    ) -> None:
+        """Answer the *next* main model call with this reply (FIFO); later calls fall back to set_reply.
+
+        ``tool_call`` (``{"name", "arguments"}``) makes an OpenAI chat-completions answer call that
+        tool (see ``Reply.tool_call``); without ``text``/``chunks`` it then carries no text.
+        """
+        if chunks is not None:
+            parts = [str(c) for c in chunks]
+        elif text is None and tool_call is not None:
+            parts = [""]
+        else:
+            parts = [DEFAULT_REPLY if text is None else text]
         with self._lock:
-            self._queue.append(Reply(chunks=parts or [""], delay=float(delay)))
+            self._queue.append(Reply(chunks=parts or [""], delay=float(delay), tool_call=tool_call))
 
     @property
     def reply(self) -> Reply:
@@ -549,7 +574,12 @@ class FakeLLM:
             "total_tokens": 1 + max(1, len(reply.chunks)),
         }
 
+        tool_call = self._openai_tool_call(reply)
+
         if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+            if tool_call is not None:
+                message = {"role": "assistant", "content": reply.text or None, "tool_calls": [tool_call]}
             return JSONResponse(
                 {
                     "id": cid,
@@ -559,8 +589,8 @@ class FakeLLM:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": reply.text},
-                            "finish_reason": "stop",
+                            "message": message,
+                            "finish_reason": "stop" if tool_call is None else "tool_calls",
                             "logprobs": None,
                         }
                     ],
@@ -586,8 +616,22 @@ class FakeLLM:
             for part in reply.chunks:
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
+                if tool_call is not None and part == "":
+                    continue
                 yield chunk({"content": part})
-            yield chunk({}, "stop", usage=usage)
+            if tool_call is not None:
+                fn = tool_call["function"]
+                head = {
+                    "index": 0,
+                    "id": tool_call["id"],
+                    "type": "function",
+                    "function": {"name": fn["name"], "arguments": ""},
+                }
+                yield chunk({"tool_calls": [head]})
+                yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": fn["arguments"]}}]})
+                yield chunk({}, "tool_calls", usage=usage)
+            else:
+                yield chunk({}, "stop", usage=usage)
             if include_usage:
                 yield _sse_data(
                     {
@@ -602,6 +646,24 @@ class FakeLLM:
             yield b"data: [DONE]\n\n"
 
         return _sse(gen())
+
+    def _openai_tool_call(self, reply: Reply) -> dict[str, Any] | None:
+        """``reply.tool_call`` as an OpenAI ``tool_calls`` entry (``arguments`` a JSON string)."""
+        if reply.tool_call is None:
+            return None
+        args = reply.tool_call.get("arguments", reply.tool_call.get("args", {}))
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        call_id = reply.tool_call.get("id")
+        if not call_id:
+            with self._lock:
+                self._tool_call_seq += 1
+                call_id = f"call_fake_{self._tool_call_seq}"
+        return {
+            "id": str(call_id),
+            "type": "function",
+            "function": {"name": str(reply.tool_call["name"]), "arguments": args},
+        }
 
     # ---- OpenAI responses ----------------------------------------------------------------------
 

@@ -284,3 +284,17 @@ def test_backoff_doubles_from_half_a_second_to_thirty_with_jitter():
 def test_bad_gateway_settings_are_named(raw, words):
     with pytest.raises(SettingsError, match=words):
         convert(raw, GatewaySettings, "gateway")
+
+
+async def test_connect_right_after_disconnect_connects_again(tmp_path, gateway):
+    client = make(tmp_path, gateway.url)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.run)
+        client.connect()
+        await client.ready(5)
+        client.disconnect()
+        assert client.status == "offline"
+        client.connect()  # before the supervisor saw the disconnect
+        await client.ready(5)
+        assert len(gateway.attempts) == 2 and client.auth_method == "device-token"
+        tg.cancel_scope.cancel()
