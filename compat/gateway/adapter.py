@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ MODE = "gateway-chat"
 LATE_EVENTS_WAIT = 2.0
 """Seconds a turn waits, after ``agent.wait`` answered, for the run's terminal ``chat`` event
 (its last deltas can arrive after the run's end)."""
+MAX_OWNED_RUNS = 10_000
+"""Runs whose principal the adapter remembers (``agent.wait`` / ``chat.abort`` of other runs are refused)."""
 ABORT_WAIT = 5.0
 """Seconds a turn that was cut off spends sending ``chat.abort``."""
 
@@ -104,6 +107,18 @@ class GatewayAdapter:
         self.settings = settings
         self.client = GatewayClient(settings, identity_file, version=version)
         self.running = 0  # gateway-routed turns running now
+        self.run_owners: OrderedDict[str, str] = OrderedDict()  # runId -> principal, newest last
+
+    def own_run(self, run_id: str, principal: str) -> None:
+        """Record that ``principal`` started run ``run_id`` (the last :data:`MAX_OWNED_RUNS` are kept)."""
+        self.run_owners[run_id] = principal
+        self.run_owners.move_to_end(run_id)
+        while len(self.run_owners) > MAX_OWNED_RUNS:
+            self.run_owners.popitem(last=False)
+
+    def owns_run(self, principal: str, run_id: str) -> bool:
+        """Whether run ``run_id`` is one ``principal`` started (through a turn or a ``chat.send``)."""
+        return self.run_owners.get(run_id) == principal
 
     def probe_cheap(self) -> ProbeResult:
         """``ok`` when configured: a probe never dials (the connection is made on demand)."""
@@ -251,6 +266,7 @@ class GatewaySession:
         except GatewayError as exc:
             return _failed(exc)
         run = _Run(key, request.turn_id, sink)
+        adapter.own_run(run.run_id, request.principal)
         self._abort = anyio.Event()
         client.on_event.append(run.on_event)
         adapter.running += 1
@@ -285,6 +301,7 @@ class GatewaySession:
             return _failed(exc)
         if isinstance(sent, dict) and isinstance(sent.get("runId"), str) and sent["runId"] != run.run_id:
             run.run_id = sent["runId"]
+            self._adapter.own_run(run.run_id, request.principal)
         wait_ms = int(settings.wait_timeout * 1000)
         while True:
             try:

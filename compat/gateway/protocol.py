@@ -153,6 +153,7 @@ GATEWAY_ERROR_CODES: dict[str, str] = {
     "UNKNOWN_GATEWAY_PROVIDER": "gatewayProviderId names no configured gateway (only openclaw exists)",
     "TOO_MANY_RUNTIMES": "the principal already has 16 runtimes",
     "METHOD_NOT_ALLOWED": "the method is not on gateway.allowMethods",
+    "UNKNOWN_RUN": "the request's runId names no run this principal started",
     "OFFLINE": "the gateway is not connected",
     "RPC_TIMEOUT": "the gateway did not answer the request within its timeout",
     "SOCKET_CLOSED": "the connection closed while the request was pending",

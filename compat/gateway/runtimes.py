@@ -149,7 +149,15 @@ class GatewayRuntimes:
         params = dict(params or {})
         if isinstance(params.get("sessionKey"), str):
             params["sessionKey"] = scoped_key(principal, params["sessionKey"])
+        if isinstance(params.get("idempotencyKey"), str):  # its run id: never another principal's
+            params["idempotencyKey"] = scoped_key(principal, params["idempotencyKey"])
+        run_id = params.get("runId")
+        if run_id is not None and not (isinstance(run_id, str) and self.adapter.owns_run(principal, run_id)):
+            error = GatewayError("UNKNOWN_RUN", "runId names no run this token started")
+            return {"ok": False, "payload": None, "error": error.to_wire()}
         timeout = timeout_ms / 1000 if timeout_ms and timeout_ms > 0 else DEFAULT_REQUEST_TIMEOUT
+        if isinstance(params.get("idempotencyKey"), str):
+            self.adapter.own_run(params["idempotencyKey"], principal)  # the gateway's runId is the key
         try:
             payload = await self.client.request(method, params, timeout)
         except GatewayError as exc:
@@ -157,6 +165,8 @@ class GatewayRuntimes:
         finally:
             if closers is None:
                 runtime.notify = None
+        if isinstance(payload, dict) and isinstance(payload.get("runId"), str):
+            self.adapter.own_run(payload["runId"], principal)
         return {"ok": True, "payload": payload, "error": None}
 
     def disconnect(self, principal: str, runtime_id: str) -> dict[str, Any]:

@@ -144,6 +144,19 @@ async def test_one_principal_never_sees_another_principals_runtime_events_or_gat
         )
         run = next(n for n in alice.notes if _run_push(n, "final"))["params"]["event"]["payload"]
         assert run["terminal"] is True and run["assistantText"] == "Hello from the gateway."
+        run_id = sent["result"]["payload"]["runId"]
+        assert run_id != "k1" and run_id.endswith("-k1")  # the idempotency key, in alice's namespace
+        # bob cannot read or abort alice's run by its id, nor reuse her idempotency key
+        for method in ("agent.wait", "chat.abort"):
+            params = {"runId": run_id, "sessionKey": "main"}
+            stolen = await bob.call(
+                "xworkmate.gateway.request", {"runtimeId": "same-id", "method": method, "params": params}
+            )
+            assert stolen["result"]["error"]["code"] == "UNKNOWN_RUN"
+        mine = await alice.call(
+            "xworkmate.gateway.request", {"runtimeId": "same-id", "method": "agent.wait", "params": {"runId": run_id}}
+        )
+        assert mine["result"]["ok"] is True and mine["result"]["payload"]["status"] == "ok"
         tg.cancel_scope.cancel()
 
 
