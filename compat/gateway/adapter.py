@@ -52,12 +52,17 @@ MODE = "gateway-chat"
 LATE_EVENTS_WAIT = 2.0
 """Seconds a turn waits, after ``agent.wait`` answered, for the run's terminal ``chat`` event
 (its last deltas can arrive after the run's end)."""
-MAX_OWNED_RUNS = 10_000
-"""Runs whose principal the adapter remembers (``agent.wait`` / ``chat.abort`` of other runs are refused)."""
+MAX_OWNED_RUNS = 1000
+"""Runs per principal the adapter remembers (``agent.wait`` / ``chat.abort`` of other runs are refused)."""
+MIN_WAIT_POLL = 1.0
+"""Seconds an ``agent.wait`` poll takes at least (a gateway answering ``timeout`` at once is not polled in a loop)."""
 ABORT_WAIT = 5.0
 """Seconds a turn that was cut off spends sending ``chat.abort``."""
 
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_SCOPED = re.compile(r"(?:agent:[^:]{1,200}:)?(xwm-[0-9a-f]{12}-)[A-Za-z0-9._-]{1,100}")
+"""A session key the bridge sent (``xwm-<tag>-<plain id>``), as events name it (canonicalised
+``agent:<agentId>:<key>``)."""
 
 
 def principal_prefix(principal: str) -> str:
@@ -69,7 +74,7 @@ def principal_prefix(principal: str) -> str:
 def scoped_key(principal: str, key: str) -> str:
     """``key`` inside the principal's namespace (unchanged when it already is)."""
     prefix = principal_prefix(principal)
-    if key.startswith(prefix):
+    if key.startswith(prefix) and _PLAIN_ID.fullmatch(key[len(prefix) :]):
         return key
     if not _PLAIN_ID.fullmatch(key):
         key = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
@@ -78,8 +83,8 @@ def scoped_key(principal: str, key: str) -> str:
 
 def in_namespace(principal: str, event_key: str) -> bool:
     """Whether an event's (possibly canonicalised, ``agent:<id>:<key>``) session key is the principal's."""
-    prefix = principal_prefix(principal)
-    return event_key.startswith(prefix) or (":" + prefix) in event_key
+    match = _SCOPED.fullmatch(event_key)
+    return match is not None and match.group(1) == principal_prefix(principal)
 
 
 def error_code(exc: GatewayError) -> str:
@@ -107,18 +112,19 @@ class GatewayAdapter:
         self.settings = settings
         self.client = GatewayClient(settings, identity_file, version=version)
         self.running = 0  # gateway-routed turns running now
-        self.run_owners: OrderedDict[str, str] = OrderedDict()  # runId -> principal, newest last
+        self._runs: dict[str, OrderedDict[str, None]] = {}  # principal -> its runIds, newest last
 
-    def own_run(self, run_id: str, principal: str) -> None:
-        """Record that ``principal`` started run ``run_id`` (the last :data:`MAX_OWNED_RUNS` are kept)."""
-        self.run_owners[run_id] = principal
-        self.run_owners.move_to_end(run_id)
-        while len(self.run_owners) > MAX_OWNED_RUNS:
-            self.run_owners.popitem(last=False)
+    def own_run(self, principal: str, run_id: str) -> None:
+        """Record that ``principal`` started run ``run_id`` (its last :data:`MAX_OWNED_RUNS` are kept)."""
+        runs = self._runs.setdefault(principal, OrderedDict())
+        runs[run_id] = None
+        runs.move_to_end(run_id)
+        if len(runs) > MAX_OWNED_RUNS:
+            runs.popitem(last=False)
 
     def owns_run(self, principal: str, run_id: str) -> bool:
         """Whether run ``run_id`` is one ``principal`` started (through a turn or a ``chat.send``)."""
-        return self.run_owners.get(run_id) == principal
+        return run_id in self._runs.get(principal, ())
 
     def probe_cheap(self) -> ProbeResult:
         """``ok`` when configured: a probe never dials (the connection is made on demand)."""
@@ -151,6 +157,7 @@ class _Run:
         self.stop_reason = ""
         self.usage: dict[str, Any] = {}
         self.tools: dict[str, dict[str, Any]] = {}
+        self.sent = anyio.Event()  # chat.send was answered: the gateway knows the run
 
     def on_event(self, event: str, payload: Any, seq: int | None) -> None:
         if not isinstance(payload, dict) or payload.get("runId") != self.run_id:
@@ -261,15 +268,16 @@ class GatewaySession:
         adapter = self._adapter
         client, settings = adapter.client, adapter.settings
         key = self._key = scoped_key(request.principal, request.session_id)
+        adapter.running += 1  # counted from here: a disconnect() meanwhile does not close its connection
         try:
             await client.ready(settings.connect_timeout)
         except GatewayError as exc:
+            adapter.running -= 1
             return _failed(exc)
         run = _Run(key, request.turn_id, sink)
-        adapter.own_run(run.run_id, request.principal)
+        adapter.own_run(request.principal, run.run_id)
         self._abort = anyio.Event()
         client.on_event.append(run.on_event)
-        adapter.running += 1
         ended = False
         try:
             self._run = run
@@ -285,7 +293,7 @@ class GatewaySession:
         finally:
             self._run = None
             adapter.running -= 1
-            if not ended:  # cut off: the run must not go on at the gateway
+            if not ended and run.sent.is_set():  # cut off: the run must not go on at the gateway
                 with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_WAIT):
                     await self._send_abort(run)
             client.on_event.remove(run.on_event)
@@ -295,15 +303,21 @@ class GatewaySession:
         params: dict[str, Any] = {"sessionKey": run.key, "message": request.text_prompt(), "idempotencyKey": run.run_id}
         if settings.agent_id:
             params["agentId"] = settings.agent_id
-        try:
-            sent = await self._retrying("chat.send", params, settings.request_timeout)
-        except GatewayError as exc:
-            return _failed(exc)
+        # chat.send is not cut short: once sent, the run exists at the gateway, and a cancel can
+        # only abort it after the gateway answered with its runId (bounded by requestTimeout).
+        sent: Any = None
+        with anyio.CancelScope(shield=True):
+            try:
+                sent = await self._retrying("chat.send", params, settings.request_timeout)
+            except GatewayError as exc:
+                return _failed(exc)
+        run.sent.set()
         if isinstance(sent, dict) and isinstance(sent.get("runId"), str) and sent["runId"] != run.run_id:
             run.run_id = sent["runId"]
-            self._adapter.own_run(run.run_id, request.principal)
+            self._adapter.own_run(request.principal, run.run_id)
         wait_ms = int(settings.wait_timeout * 1000)
         while True:
+            polled = anyio.current_time()
             try:
                 waited = await self._retrying(
                     "agent.wait",
@@ -314,6 +328,7 @@ class GatewaySession:
                 return _failed(exc, run)
             if not isinstance(waited, dict) or waited.get("status") != "timeout":
                 break
+            await anyio.sleep_until(polled + MIN_WAIT_POLL)
         waited = waited if isinstance(waited, dict) else {}
         if not run.terminal.is_set():
             with anyio.move_on_after(LATE_EVENTS_WAIT):
@@ -347,13 +362,14 @@ class GatewaySession:
         try:
             return await client.request(method, params, timeout)
         except GatewayError as exc:
-            if exc.code not in ("SOCKET_CLOSED", "OFFLINE"):
+            if exc.code not in ("SOCKET_CLOSED", "OFFLINE") or self._abort.is_set():
                 raise
         await client.ready(self._adapter.settings.connect_timeout)
         return await client.request(method, params, timeout)
 
     async def _abort_when_asked(self, run: _Run) -> None:
         await self._abort.wait()
+        await run.sent.wait()  # the gateway knows the run only once chat.send was answered
         await self._send_abort(run)
 
     async def _send_abort(self, run: _Run) -> None:

@@ -51,6 +51,8 @@ MAX_FRAME_BYTES = 32 * 1024 * 1024
 """The largest frame accepted from the gateway (its own ``policy.maxPayload`` is 25 MiB)."""
 RESTART_WAIT_CAP = 60.0
 """Seconds a ``shutdown`` event's ``restartExpectedMs`` is honoured up to."""
+STABLE_AFTER = 30.0
+"""Seconds a connection must have lasted for its loss to restart the backoff at 0.5 s."""
 CLOSE_WAIT = 2.0
 """Seconds a closing WebSocket gets for its close handshake."""
 
@@ -117,6 +119,8 @@ class GatewayClient:
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._restart_after: float | None = None
+        self._connected_at = 0.0  # monotonic seconds of the last hello-ok
+        self._protocol_retried = False  # one protocol switch per successful connection, then stop
 
     # ---- what callers use ---------------------------------------------------------------------
 
@@ -205,11 +209,11 @@ class GatewayClient:
         request_id = f"{int(time.time() * 1e6)}-{next(self._ids)}"
         pending = self._pending[request_id] = _Pending()
         try:
-            try:
-                await ws.send(wire.request(request_id, method, params).decode())
-            except ConnectionClosed:
-                raise GatewayError("SOCKET_CLOSED", "the gateway connection closed") from None
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(timeout):  # the send too: a gateway that stops reading blocks it
+                try:
+                    await ws.send(wire.request(request_id, method, params).decode())
+                except ConnectionClosed:
+                    raise GatewayError("SOCKET_CLOSED", "the gateway connection closed") from None
                 await pending.done.wait()
             if not pending.done.is_set():
                 raise GatewayError("RPC_TIMEOUT", f"{method} request timeout after {timeout:g} s")
@@ -219,6 +223,11 @@ class GatewayClient:
         finally:
             self._pending.pop(request_id, None)
 
+    def granted_scopes(self) -> list[str]:
+        """The scopes ``hello-ok`` granted (strings only, whatever the gateway sent)."""
+        scopes = wire.obj(wire.obj(self.hello).get("auth")).get("scopes")
+        return [x for x in scopes if isinstance(x, str)][:50] if isinstance(scopes, list) else []
+
     def snapshot(self) -> dict[str, Any]:
         """The documented snapshot (docs/api.md ``xworkmate.gateway.connect``); never a secret."""
         s = self.settings
@@ -227,7 +236,7 @@ class GatewayClient:
             "status": self.status,
             "mode": "openclaw",
             "statusText": self.status_text,
-            "authScopes": list((self.hello or {}).get("auth", {}).get("scopes") or []) if self.hello else [],
+            "authScopes": self.granted_scopes(),
             "connectAuthFields": ["password"] if s.password else ["token"] if s.token else [],
             "connectAuthSources": ["bridge"],
             "hasSharedAuth": bool(s.token or s.password),
@@ -238,10 +247,12 @@ class GatewayClient:
         }
         if self.hello:
             server = wire.obj(self.hello.get("server"))
-            snap["serverName"] = f"OpenClaw {server.get('version', '')}".strip()
+            version = server.get("version")
+            snap["serverName"] = f"OpenClaw {version if isinstance(version, str) else ''}".strip()[:200]
             snap["authRole"] = wire.ROLE
             snap["connectAuthMode"] = self.auth_method
-            snap["protocol"] = self.hello.get("protocol")
+            protocol = self.hello.get("protocol")
+            snap["protocol"] = protocol if isinstance(protocol, int) and not isinstance(protocol, bool) else None
         if self._identity is not None:
             snap["deviceId"] = self._identity.device_id
         if self.last_connected_ms:
@@ -299,6 +310,10 @@ class GatewayClient:
                 reason = exc.rcvd.reason if exc.rcvd is not None else ""
                 message = f"the gateway closed the connection ({code}{': ' + reason if reason else ''})"
                 return self._after_failure(GatewayError("SOCKET_CLOSED", message), False)
+            except Exception as exc:  # a gateway must not be able to stop the supervisor
+                log.exception("gateway: unexpected failure on the connection to %s", self.url)
+                message = f"unexpected failure on the connection to {self.url}: {type(exc).__name__}"
+                return self._after_failure(GatewayError("SOCKET_FAILURE", message), False)
             finally:
                 self._scope = None
                 self._ws = None
@@ -408,12 +423,14 @@ class GatewayClient:
         if isinstance(token, str) and token and token != credentials.device_token:
             scopes = auth.get("scopes")
             self.tokens.put(self.url, wire.ROLE, token, [str(x) for x in scopes] if isinstance(scopes, list) else [])
-        self.auth_method = str(auth.get("method") or "")
+        method = auth.get("method")
+        self.auth_method = method[:100] if isinstance(method, str) else ""
         self.hello = hello
 
     def _connected(self, ws: ClientConnection) -> None:
         self._ws = ws
-        self._backoff.reset()
+        self._connected_at = time.monotonic()
+        self._protocol_retried = False
         self._shared_only = False
         self.attempts = 0
         self.error = None
@@ -424,9 +441,10 @@ class GatewayClient:
         self._set("connected", "connected")
 
     def _tick_interval(self) -> float:
-        policy = (self.hello or {}).get("policy")
-        ms = policy.get("tickIntervalMs") if isinstance(policy, dict) else None
-        return ms / 1000 if isinstance(ms, int | float) and not isinstance(ms, bool) and ms > 0 else 30.0
+        """``policy.tickIntervalMs`` in seconds, within 1 s to 10 min (30 s when absent)."""
+        ms = wire.obj((self.hello or {}).get("policy")).get("tickIntervalMs")
+        interval = wire.seconds(ms, 1.0, 600.0)
+        return 30.0 if interval is None or (isinstance(ms, int | float) and ms <= 0) else interval
 
     async def _serve(self, ws: ClientConnection) -> None:
         """Read frames until the socket closes or falls silent for two tick intervals."""
@@ -471,10 +489,10 @@ class GatewayClient:
         if frame.event == "tick":
             return
         if frame.event == "shutdown":
-            payload = frame.payload if isinstance(frame.payload, dict) else {}
-            restart = payload.get("restartExpectedMs")
-            if isinstance(restart, int | float) and not isinstance(restart, bool) and restart >= 0:
-                self._restart_after = min(RESTART_WAIT_CAP, restart / 1000)
+            payload = wire.obj(frame.payload)
+            restart = wire.seconds(payload.get("restartExpectedMs"), 0.0, RESTART_WAIT_CAP)
+            if restart is not None:
+                self._restart_after = restart
             self._log("info", "socket", f"the gateway is shutting down ({payload.get('reason') or 'no reason given'})")
         for callback in list(self.on_event):
             try:
@@ -488,6 +506,8 @@ class GatewayClient:
         if not self._wanted:
             return None
         self._ws = None
+        if time.monotonic() - self._connected_at >= STABLE_AFTER:
+            self._backoff.reset()  # a gateway that accepts and drops at once keeps backing off
         restart = self._restart_after
         self._restart_after = None
         if restart is not None:
@@ -510,7 +530,8 @@ class GatewayClient:
             case "retry_protocol":
                 expected = exc.details["expectedProtocol"]
                 low, high = wire.PROTOCOL_RANGE
-                if low <= expected <= high and self._protocol != (expected, expected):
+                if low <= expected <= high and not self._protocol_retried:
+                    self._protocol_retried = True
                     self._protocol = (expected, expected)
                     self._log("info", "connect", f"the gateway wants protocol {expected}: connecting again with it")
                     return 0.0

@@ -55,6 +55,15 @@ def obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def seconds(ms: Any, low: float, high: float) -> float | None:
+    """A gateway's milliseconds (``tickIntervalMs``, ``retryAfterMs``, ``restartExpectedMs``) as
+    seconds clamped to ``[low, high]``; None when not a number. An integer of any size is safe
+    (msgspec decodes big ones as Python ints: dividing those first would overflow)."""
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or ms != ms:  # NaN
+        return None
+    return min(high, max(low, float(min(max(ms, -1), 10**12)) / 1000))
+
+
 # ---- frames -------------------------------------------------------------------------------------
 
 
@@ -96,6 +105,9 @@ def request(request_id: str, method: str, params: dict[str, Any] | None) -> byte
 
 # ---- errors -------------------------------------------------------------------------------------
 
+MAX_RETRY_AFTER = 60.0
+"""Seconds a ``retryAfterMs`` is honoured up to."""
+
 Remedy = Literal["stop", "retry", "retry_shared", "retry_protocol"]
 
 
@@ -132,11 +144,12 @@ class GatewayError(Exception):
         retry = error.get("retryAfterMs")
         if retry is None and details is not None:
             retry = details.get("retryAfterMs")
+        after = seconds(retry, 0.0, MAX_RETRY_AFTER)
         return cls(
             str(error.get("code") or "GATEWAY_ERROR"),
             str(error.get("message") or "the gateway answered an error")[:1000],
             details,
-            retry if isinstance(retry, int) and not isinstance(retry, bool) and retry >= 0 else None,
+            int(after * 1000) if after is not None else None,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -149,9 +162,8 @@ class GatewayError(Exception):
 
 GATEWAY_ERROR_CODES: dict[str, str] = {
     "GATEWAY_NOT_CONFIGURED": "no gateway is configured on this bridge",
-    "INVALID_RUNTIME_ID": "runtimeId is missing",
+    "INVALID_RUNTIME_ID": "runtimeId is missing or longer than 200 characters",
     "UNKNOWN_GATEWAY_PROVIDER": "gatewayProviderId names no configured gateway (only openclaw exists)",
-    "TOO_MANY_RUNTIMES": "the principal already has 16 runtimes",
     "METHOD_NOT_ALLOWED": "the method is not on gateway.allowMethods",
     "UNKNOWN_RUN": "the request's runId names no run this principal started",
     "OFFLINE": "the gateway is not connected",

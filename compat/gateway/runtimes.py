@@ -24,6 +24,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +38,10 @@ GLOBAL_EVENTS = frozenset({"health", "presence", "heartbeat", "shutdown", "model
 """Events about the gateway as a whole, relayed to every runtime; any other event is relayed
 only to the principal whose session its ``sessionKey`` names."""
 
-DEFAULT_REQUEST_TIMEOUT = 15.0
 MAX_RUNTIMES_PER_PRINCIPAL = 16
+"""Runtimes a principal keeps; a new one beyond them replaces its least recently used one (the
+app opens a fresh HTTP request per call, so a runtime outlives the connection that made it)."""
+MAX_RUNTIME_ID = 200
 
 
 class _Runtime:
@@ -51,13 +54,21 @@ class _Runtime:
         self.connection_id = ""
 
 
+def _bad_runtime_id(runtime_id: str) -> GatewayError | None:
+    if not runtime_id:
+        return GatewayError("INVALID_RUNTIME_ID", "runtimeId is required")
+    if len(runtime_id) > MAX_RUNTIME_ID:
+        return GatewayError("INVALID_RUNTIME_ID", f"runtimeId is longer than {MAX_RUNTIME_ID} characters")
+    return None
+
+
 class GatewayRuntimes:
     """The runtimes of every principal on ``adapter``'s gateway connection."""
 
     def __init__(self, adapter: GatewayAdapter) -> None:
         self.adapter = adapter
         self.client = adapter.client
-        self._runtimes: dict[tuple[str, str], _Runtime] = {}
+        self._runtimes: OrderedDict[tuple[str, str], _Runtime] = OrderedDict()  # least recently used first
         self.client.on_change.append(self._on_change)
         self.client.on_log.append(self._on_log)
         self.client.on_event.append(self._on_event)
@@ -82,19 +93,12 @@ class GatewayRuntimes:
         a failure is inside the result (``error.code``: ``INVALID_RUNTIME_ID``,
         ``UNKNOWN_GATEWAY_PROVIDER``, ``CONNECT_CHALLENGE_TIMEOUT``, ``SOCKET_FAILURE``,
         ``CONNECT_TIMEOUT``, or the gateway's own code with ``details.code``)."""
-        if not runtime_id:
-            return self._failure(GatewayError("INVALID_RUNTIME_ID", "runtimeId is required"))
+        if (bad := _bad_runtime_id(runtime_id)) is not None:
+            return self._failure(bad)
         if gateway_provider_id not in ("", "openclaw"):
-            error = GatewayError(
-                "UNKNOWN_GATEWAY_PROVIDER",
-                f"unknown gateway provider {gateway_provider_id[:100]!r} (configured: openclaw)",
-            )
-            return self._failure(error)
+            message = f"unknown gateway provider {gateway_provider_id[:100]!r} (configured: openclaw)"
+            return self._failure(GatewayError("UNKNOWN_GATEWAY_PROVIDER", message))
         runtime = self._bind(principal, runtime_id, notify, connection_id, closers)
-        if runtime is None:
-            return self._failure(
-                GatewayError("TOO_MANY_RUNTIMES", f"at most {MAX_RUNTIMES_PER_PRINCIPAL} gateway runtimes per token")
-            )
         self.client.connect()
         try:
             await self.client.ready(self.adapter.settings.connect_timeout)
@@ -103,15 +107,15 @@ class GatewayRuntimes:
         finally:
             if closers is None:
                 runtime.notify = None  # a plain HTTP reply carries nothing after it
-        hello_auth = (self.client.hello or {}).get("auth")
-        auth = hello_auth if isinstance(hello_auth, dict) else {}
+        auth = wire.obj(wire.obj(self.client.hello).get("auth"))
+        role, method = auth.get("role"), auth.get("method")
         return {
             "ok": True,
             "snapshot": self.client.snapshot(),
             "auth": {
-                "role": auth.get("role", wire.ROLE),
-                "scopes": auth.get("scopes", []),
-                "method": auth.get("method", ""),
+                "role": role[:100] if isinstance(role, str) else wire.ROLE,
+                "scopes": self.client.granted_scopes(),
+                "method": method[:100] if isinstance(method, str) else "",
             },
             "returnedDeviceToken": self.client.returned_device_token,
             "error": None,
@@ -129,22 +133,12 @@ class GatewayRuntimes:
         closers: list[Callable[[], None]] | None,
     ) -> dict[str, Any]:
         """``xworkmate.gateway.request``: ``{ok, payload, error}`` (``error.code``: ``OFFLINE``,
-        ``RPC_TIMEOUT``, ``SOCKET_CLOSED``, ``METHOD_NOT_ALLOWED``, ``INVALID_RUNTIME_ID``, or the
-        gateway's own)."""
-        if not runtime_id:
-            return {
-                "ok": False,
-                "payload": None,
-                "error": GatewayError("INVALID_RUNTIME_ID", "runtimeId is required").to_wire(),
-            }
+        ``RPC_TIMEOUT``, ``SOCKET_CLOSED``, ``METHOD_NOT_ALLOWED``, ``UNKNOWN_RUN``,
+        ``INVALID_RUNTIME_ID``, or the gateway's own)."""
+        if (bad := _bad_runtime_id(runtime_id)) is not None:
+            return {"ok": False, "payload": None, "error": bad.to_wire()}
         if method == "connect" or method not in self.adapter.settings.allow_methods:
             error = GatewayError("METHOD_NOT_ALLOWED", f"{method[:100]!r} is not on this bridge's gateway.allowMethods")
-            return {"ok": False, "payload": None, "error": error.to_wire()}
-        runtime = self._bind(principal, runtime_id, notify, connection_id, closers)
-        if runtime is None:
-            error = GatewayError(
-                "TOO_MANY_RUNTIMES", f"at most {MAX_RUNTIMES_PER_PRINCIPAL} gateway runtimes per token"
-            )
             return {"ok": False, "payload": None, "error": error.to_wire()}
         params = dict(params or {})
         if isinstance(params.get("sessionKey"), str):
@@ -155,25 +149,24 @@ class GatewayRuntimes:
         if run_id is not None and not (isinstance(run_id, str) and self.adapter.owns_run(principal, run_id)):
             error = GatewayError("UNKNOWN_RUN", "runId names no run this token started")
             return {"ok": False, "payload": None, "error": error.to_wire()}
-        timeout = timeout_ms / 1000 if timeout_ms and timeout_ms > 0 else DEFAULT_REQUEST_TIMEOUT
-        if isinstance(params.get("idempotencyKey"), str):
-            self.adapter.own_run(params["idempotencyKey"], principal)  # the gateway's runId is the key
+        runtime = self._bind(principal, runtime_id, notify, connection_id, closers)
+        timeout = timeout_ms / 1000 if timeout_ms and timeout_ms > 0 else self.adapter.settings.request_timeout
         try:
-            payload = await self.client.request(method, params, timeout)
+            payload = await self.client.request(method, params, min(timeout, 3600.0))
         except GatewayError as exc:
             return {"ok": False, "payload": None, "error": exc.to_wire()}
         finally:
             if closers is None:
                 runtime.notify = None
-        if isinstance(payload, dict) and isinstance(payload.get("runId"), str):
-            self.adapter.own_run(payload["runId"], principal)
+        if method == "chat.send" and isinstance(payload, dict) and isinstance(payload.get("runId"), str):
+            self.adapter.own_run(principal, payload["runId"])
         return {"ok": True, "payload": payload, "error": None}
 
     def disconnect(self, principal: str, runtime_id: str) -> dict[str, Any]:
-        """``xworkmate.gateway.disconnect``: forget the runtime; the gateway connection closes
-        when no runtime and no gateway-routed turn uses it. Idempotent: ``{accepted: true}``."""
-        self._runtimes.pop((principal, runtime_id), None)
-        if not self._runtimes and self.adapter.running == 0:
+        """``xworkmate.gateway.disconnect``: forget the runtime; when it was the last one and no
+        gateway-routed turn runs, the gateway connection closes. Idempotent: ``{accepted: true}``."""
+        removed = self._runtimes.pop((principal, runtime_id), None)
+        if removed is not None and not self._runtimes and self.adapter.running == 0:
             self.client.disconnect()
         return {"accepted": True}
 
@@ -186,13 +179,15 @@ class GatewayRuntimes:
         notify: Notify,
         connection_id: str,
         closers: list[Callable[[], None]] | None,
-    ) -> _Runtime | None:
-        key = (principal, runtime_id[:200])
+    ) -> _Runtime:
+        key = (principal, runtime_id)
         runtime = self._runtimes.get(key)
         if runtime is None:
-            if sum(1 for p, _ in self._runtimes if p == principal) >= MAX_RUNTIMES_PER_PRINCIPAL:
-                return None
-            runtime = self._runtimes[key] = _Runtime(principal, key[1])
+            mine = [k for k in self._runtimes if k[0] == principal]
+            if len(mine) >= MAX_RUNTIMES_PER_PRINCIPAL:
+                del self._runtimes[mine[0]]  # the principal's least recently used
+            runtime = self._runtimes[key] = _Runtime(principal, runtime_id)
+        self._runtimes.move_to_end(key)
         runtime.notify, runtime.connection_id = notify, connection_id
         if closers is not None:
             closers.append(lambda: self._unbind(runtime, connection_id))

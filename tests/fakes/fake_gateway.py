@@ -60,6 +60,8 @@ class FakeGateway:
         self.tool_call: dict[str, Any] | None = None
         self.slow_methods: dict[str, float] = {}
         self.drop_on: set[str] = set()  # methods whose request closes the socket, unanswered
+        self.wait_answers_timeout = False  # agent.wait answers {status: "timeout"} at once
+        self.hello_extra: dict[str, Any] = {}  # merged into hello-ok's payload
         self.aborted: list[str] = []
         self.connections: list[ServerConnection] = []
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -138,6 +140,7 @@ class FakeGateway:
             },
             "policy": {"maxPayload": 26214400, "tickIntervalMs": self.tick_ms},
         }
+        hello.update(self.hello_extra)
         await ws.send(json.dumps({"type": "res", "id": frame["id"], "ok": True, "payload": hello}))
         self.connections.append(ws)
         ticker = asyncio.create_task(self._tick(ws)) if step != "no-ticks" else None
@@ -158,10 +161,15 @@ class FakeGateway:
     def _refusal(self, step: str, params: dict[str, Any], nonce: str) -> dict[str, Any] | None:
         if step.startswith("error:"):
             _, code, detail = step.split(":", 2)
-            if detail == "PROTOCOL_MISMATCH":
-                if params.get("minProtocol") == params.get("maxProtocol") == 4:
+            if detail.startswith("PROTOCOL_MISMATCH"):
+                expected = int(detail.split("=")[1]) if "=" in detail else 4
+                if params.get("minProtocol") == params.get("maxProtocol") == expected:
                     return None
-                details = {"code": detail, "expectedProtocol": 4, "clientMinProtocol": params.get("minProtocol")}
+                details = {
+                    "code": "PROTOCOL_MISMATCH",
+                    "expectedProtocol": expected,
+                    "clientMinProtocol": params.get("minProtocol"),
+                }
                 return {"code": code, "message": "protocol mismatch", "details": details}
             error: dict[str, Any] = {"code": code, "message": f"refused: {detail or code}"}
             if detail:
@@ -243,6 +251,8 @@ class FakeGateway:
                 self._done[run_id] = asyncio.Event()
                 self._runs[run_id] = asyncio.create_task(self._run(params["sessionKey"], run_id))
             payload = {"runId": run_id, "status": "started"}
+        elif method == "agent.wait" and self.wait_answers_timeout:
+            payload = {"runId": params["runId"], "status": "timeout"}
         elif method == "agent.wait":
             run_id = params["runId"]
             done = self._done.get(run_id)

@@ -259,3 +259,73 @@ async def test_chat_with_target_gateway_streams_a_gateway_routed_turn(bridge):
     assert "Hello from the gateway." in out and "[completed]" in out and "provider=openclaw" in out
     refused = await anyio.run_process([*argv, "--target", "gateway", "--provider", "codex", "hi"], check=False)
     assert refused.returncode == 2 and b"cannot go with --target gateway" in refused.stderr
+
+
+# ---- hostile clients and a broken gateway ---------------------------------------------------------
+
+
+async def test_a_crafted_session_key_reaches_no_other_principals_stream(bridge, gateway):
+    from compat.gateway.adapter import principal_prefix
+
+    async with anyio.create_task_group() as tg:
+        alice, bob = await bridge.client(ALICE, tg), await bridge.client(BOB, tg)
+        for client in (alice, bob):
+            assert (await client.call("xworkmate.gateway.connect", {"runtimeId": "rt"}))["result"]["ok"]
+        crafted = f"{principal_prefix('bob')}x:{principal_prefix('alice')}main"
+        params = {"sessionKey": crafted, "message": "hi", "idempotencyKey": "evil"}
+        sent = await bob.call("xworkmate.gateway.request", {"runtimeId": "rt", "method": "chat.send", "params": params})
+        assert sent["result"]["ok"] is True
+        await bob.wait(lambda: any(_run_push(n, "final") for n in bob.notes))
+        await alice.call("xworkmate.gateway.request", {"runtimeId": "rt", "method": "health"})
+        assert not any(n["method"] == "xworkmate.gateway.push" for n in alice.notes if "chat" in str(n))
+        tg.cancel_scope.cancel()
+
+
+async def test_disconnecting_a_runtime_one_never_had_leaves_the_connection_up(bridge, gateway):
+    async with anyio.create_task_group() as tg:
+        alice, bob = await bridge.client(ALICE, tg), await bridge.client(BOB, tg)
+        assert (await alice.call("xworkmate.gateway.connect", {"runtimeId": "rt-a"}))["result"]["ok"]
+        await alice.call("xworkmate.gateway.disconnect", {"runtimeId": "rt-a"})  # the last runtime: closes
+        gateway.reply_chunks = ["slow ", "answer"]
+        gateway.chunk_delay = 0.3
+        turn = await alice.send("session.start", gateway_turn("s-gw-disc"))
+        await alice.wait(lambda: any(u.get("type") == "delta" for u in alice.updates()))
+        assert (await bob.call("xworkmate.gateway.disconnect", {"runtimeId": "never-had"}))["result"]["accepted"]
+        await alice.wait(lambda: turn in alice.replies)
+        assert alice.replies[turn]["result"]["status"] == "completed"
+        long_id = {"runtimeId": "x" * 201}
+        refused = (await alice.call("xworkmate.gateway.connect", long_id))["result"]
+        assert refused["error"]["code"] == "INVALID_RUNTIME_ID"
+        tg.cancel_scope.cancel()
+
+
+async def test_a_cancel_while_chat_send_is_in_flight_aborts_the_run_once_the_gateway_knows_it(bridge, gateway):
+    gateway.slow_methods["chat.send"] = 1.0
+    gateway.reply_chunks = [f"tick {i} " for i in range(100)]
+    gateway.chunk_delay = 0.05
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        turn = await alice.send("session.start", gateway_turn("s-gw-early"))
+        await alice.wait(lambda: any(r.get("method") == "chat.send" for r in gateway.requests))
+        await alice.call("session.cancel", {"sessionId": "s-gw-early"})
+        await alice.wait(lambda: turn in alice.replies)
+        result = alice.replies[turn]["result"]
+        assert result["status"] == "cancelled"
+        assert gateway.aborted == [result["turnId"]]  # sent after chat.send's answer, so it landed
+        tg.cancel_scope.cancel()
+
+
+async def test_a_gateway_whose_agent_wait_answers_timeout_at_once_is_polled_gently(bridge, gateway):
+    gateway.wait_answers_timeout = True
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        turn = await alice.send("session.start", gateway_turn("s-gw-poll"))
+        await alice.wait(lambda: any(r.get("method") == "agent.wait" for r in gateway.requests))
+        await anyio.sleep(2.5)  # a bounded window: the polls in it are counted
+        polls = sum(1 for r in gateway.requests if r.get("method") == "agent.wait")
+        assert polls <= 4
+        await alice.call("session.cancel", {"sessionId": "s-gw-poll"})
+        gateway.wait_answers_timeout = False
+        await alice.wait(lambda: turn in alice.replies)
+        assert alice.replies[turn]["result"]["status"] == "cancelled"
+        tg.cancel_scope.cancel()

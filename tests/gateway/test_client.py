@@ -298,3 +298,49 @@ async def test_connect_right_after_disconnect_connects_again(tmp_path, gateway):
         await client.ready(5)
         assert len(gateway.attempts) == 2 and client.auth_method == "device-token"
         tg.cancel_scope.cancel()
+
+
+# ---- a hostile or broken gateway -----------------------------------------------------------------
+
+
+async def test_absurd_numbers_from_the_gateway_never_stop_the_supervisor(tmp_path, gateway):
+    gateway.hello_extra = {"policy": {"tickIntervalMs": 10**400}}
+    client = make(tmp_path, gateway.url)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.run)
+        await client.ready(5)
+        await gateway.send_event("shutdown", {"reason": "x", "restartExpectedMs": 10**400})
+        await gateway.drop_all(1012)
+        await wait_status(client, "reconnecting")
+        assert "restarting" in client.status_text  # capped at a minute, not an overflow
+        client.connect()  # cuts the wait short
+        await client.ready(5)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_gateway_that_keeps_changing_its_protocol_is_not_a_reconnect_storm(tmp_path, gateway):
+    gateway.plan = ["error:INVALID_REQUEST:PROTOCOL_MISMATCH=4", "error:INVALID_REQUEST:PROTOCOL_MISMATCH=3"] * 50
+    client = make(tmp_path, gateway.url)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.run)
+        with pytest.raises(GatewayError) as raised:
+            await client.ready(5)
+        assert raised.value.detail_code == "PROTOCOL_MISMATCH" and "protocol" in raised.value.message
+        await anyio.sleep(WINDOW)
+        assert len(gateway.attempts) == 2  # one switch to the expected protocol, then stop
+        tg.cancel_scope.cancel()
+
+
+async def test_a_gateway_that_accepts_then_drops_at_once_gets_a_growing_backoff(tmp_path):
+    async with FakeGateway(tick_ms=1) as gateway:  # 1 ms ticks: clamped to 1 s, so it is "silent" often
+        client = make(tmp_path, gateway.url)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.run)
+            await client.ready(5)
+            for _ in range(3):
+                await gateway.drop_all()
+                await wait_status(client, "reconnecting")
+                await wait_status(client, "connected")
+            gaps = [b.at - a.at for a, b in itertools.pairwise(gateway.attempts)]
+            assert gaps[-1] > gaps[0] and gaps[-1] >= 1.5  # 0.5, 1, 2 s (jittered), not 0.5 s forever
+            tg.cancel_scope.cancel()
