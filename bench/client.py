@@ -342,14 +342,11 @@ async def turns(
             statuses[status] = statuses.get(status, 0) + 1
             window.count += 1
             window.latencies.append(seconds)
-            sources = [
-                s.get("latencyMs", 0)
-                for a in result.get("artifacts", [])
-                for s in a.get("steps", [])
-                if s.get("sourceId")
-            ]
-            if sources:
-                added.append(seconds - max(sources) / 1000)
+            steps = [s for a in result.get("artifacts", []) for s in a.get("steps", [])]
+            sources = [s.get("latencyMs", 0) for s in steps if s.get("sourceId")]
+            model = sum(s.get("latencyMs", 0) for s in steps if s.get("id") == "runtime-chat-completions")
+            if sources:  # the bridge's own time: the turn, less its sources' and its model call's
+                added.append(seconds - (max(sources) + model) / 1000)
 
     await asyncio.gather(*(worker(conn) for conn in clients))
     window.stop()

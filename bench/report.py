@@ -30,6 +30,8 @@ TARGETS: tuple[tuple[str, str, str, str, Any], ...] = (
     ("6 cold acp-stdio", "seconds", "ratio", "<=", 1.5),
     ("7 knowledge local-wiki", "p50_ms", "abs", "<=", 50),
     ("7 knowledge llmwiki", "added_p50_ms", "abs", "<=", 10),
+    ("7 knowledge delegated", "added_p50_ms", "abs", "<=", 10),
+    ("7 knowledge delegated", "cpu_vs_evidence", "abs", "<=", 2),
     ("8 wait cold", "result_p50_ms", "added", "<=", 25),
     ("8 wait warm", "result_p50_ms", "added", "<=", 5),
 )
@@ -65,6 +67,8 @@ SHOWN = (
     "result_p50_ms",
     "result_p99_ms",
     "added_p50_ms",
+    "cpu_ms_per_turn",  # case 7: the bridge's CPU per knowledge turn
+    "cpu_vs_evidence",  # case 7: CPU per delegated turn ÷ per evidence-only turn, same run
     "turn_p50_ms",
     "frames",
     "completed",

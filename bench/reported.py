@@ -76,12 +76,26 @@ def wikis(plan_pages: int) -> list[Path]:
 
 
 async def knowledge(ctx: Context, round_: int) -> None:
-    """Case 7: evidence-only knowledge turns over 4 local-wiki sources, then 4 llmwiki-serve ones."""
+    """Case 7: evidence-only knowledge turns over 4 local-wiki sources, then delegated turns on
+    the same sources with the fake model server as the runtime, then evidence-only turns over 4
+    llmwiki-serve sources. The delegated row carries ``cpu_vs_evidence``: the bridge's CPU per
+    delegated turn over its CPU per evidence-only turn, measured in the same run."""
     roots = await asyncio.to_thread(wikis, ctx.plan.wiki_pages)
     local = [
         {"id": f"wiki-{i}", "label": f"Wiki {i}", "protocol": "local-wiki", "root": str(r)} for i, r in enumerate(roots)
     ]
-    await _knowledge_turns(ctx, round_, "7 knowledge local-wiki", local)
+    evidence = await _knowledge_turns(ctx, round_, "7 knowledge local-wiki", local)
+    from tests.fakes.fake_llm import FakeLLM  # the tests' fake model server, as the runtime
+
+    with FakeLLM(reply="Approved by the finance lead [1](#citation-1).") as llm:
+        runtime = {"baseUrl": llm.base_url + "/v1", "model": "mock-model"}
+        delegated = await _knowledge_turns(
+            ctx, round_, "7 knowledge delegated", local, mode="delegated-runtime", runtime=runtime, add=False
+        )
+    if delegated is not None:
+        if evidence is not None and evidence["cpu_ms_per_turn"] > 0:
+            delegated["cpu_vs_evidence"] = delegated["cpu_ms_per_turn"] / evidence["cpu_ms_per_turn"]
+        ctx.add("7 knowledge delegated", "bridge", round_, **delegated)
     if not llmwiki_bin().exists():
         ctx.add("7 knowledge llmwiki", "bridge", round_, error="llmwiki-serve not installed (make llmwiki)")
         return
@@ -93,9 +107,21 @@ async def knowledge(ctx: Context, round_: int) -> None:
         await _knowledge_turns(ctx, round_, "7 knowledge llmwiki", remote)
 
 
-async def _knowledge_turns(ctx: Context, round_: int, case: str, sources: list[dict[str, Any]]) -> None:
+async def _knowledge_turns(
+    ctx: Context,
+    round_: int,
+    case: str,
+    sources: list[dict[str, Any]],
+    *,
+    mode: str = "evidence-only",
+    runtime: dict[str, Any] | None = None,
+    add: bool = True,
+) -> dict[str, Any] | None:
+    """Run the case's turns; returns its metrics (and records them unless ``add`` is False), or
+    None when it failed (the failure is recorded)."""
+    extra: dict[str, Any] = {"knowledge": {"runtime": runtime}} if runtime else {}
     config = servers.bridge_config(
-        ctx.workdir, "knowledge", knowledgeSources=sources, providers={"knowledge": {"type": "knowledge"}}
+        ctx.workdir, "knowledge", knowledgeSources=sources, providers={"knowledge": {"type": "knowledge"}}, **extra
     )
     server = await servers.start_bridge(ctx.workdir, config)
     try:
@@ -105,7 +131,7 @@ async def _knowledge_turns(ctx: Context, round_: int, case: str, sources: list[d
             "warmup": 3,
             "prompt": QUESTION,
             "provider": "knowledge",
-            "params": {"orchestrationMode": "evidence-only"},
+            "params": {"orchestrationMode": mode},
             "prefix": "k",
         }
         result = await run_client("turns", server, spec, timeout=ctx.plan.client_timeout)
@@ -113,16 +139,17 @@ async def _knowledge_turns(ctx: Context, round_: int, case: str, sources: list[d
         await servers.stop(server)
     if "error" in result or result["statuses"].get("completed") != ctx.plan.knowledge_turns:
         ctx.add(case, "bridge", round_, error=result.get("error") or str(result["statuses"]))
-        return
-    ctx.add(
-        case,
-        "bridge",
-        round_,
-        p50_ms=result["latency_ms"]["p50"],
-        p99_ms=result["latency_ms"]["p99"],
-        added_p50_ms=result["added_ms"]["p50"],
-        rss_mib=result.get("server_rss", 0) / MiB,
-    )
+        return None
+    metrics = {
+        "p50_ms": result["latency_ms"]["p50"],
+        "p99_ms": result["latency_ms"]["p99"],
+        "added_p50_ms": result["added_ms"]["p50"],
+        "cpu_ms_per_turn": result.get("server_cpu", 0) * 1000 / ctx.plan.knowledge_turns,
+        "rss_mib": result.get("server_rss", 0) / MiB,
+    }
+    if add:
+        ctx.add(case, "bridge", round_, **metrics)
+    return metrics
 
 
 @contextlib.asynccontextmanager

@@ -28,7 +28,7 @@ from compat.knowledge import diagnostics as diag
 from compat.knowledge.errors import SourceError
 from compat.knowledge.evidence import Evidence, safe_path
 from compat.knowledge.retrieval import Route, excluded_ids, route
-from compat.knowledge.runtime import PromptContext, RuntimeFailure, build_request, complete
+from compat.knowledge.runtime import PromptContext, RuntimeClient, RuntimeFailure, build_request, complete
 from compat.knowledge.settings import KnowledgeSettings
 from compat.knowledge.sources.base import Capabilities, KnowledgeSource
 
@@ -148,14 +148,22 @@ class KnowledgeTurn:
     """Runs one planned turn and reports to ``sink``."""
 
     def __init__(
-        self, plan: TurnPlan, turn: TurnInput, settings: KnowledgeSettings, discover: Discover, sink: TurnSink
+        self,
+        plan: TurnPlan,
+        turn: TurnInput,
+        settings: KnowledgeSettings,
+        discover: Discover,
+        sink: TurnSink,
+        pool: RuntimeClient | None = None,
     ) -> None:
         self.plan, self.turn, self.settings, self.discover = plan, turn, settings, discover
+        self.pool = pool  # the runtime's connection pool (the service's), None: one per call
         self.sink = sink
         self.steps = Steps(sink)
         self.evidence = Evidence()
         self.diagnostics: list[dict[str, Any]] = []
         self.source_steps: dict[str, dict[str, Any]] = {}
+        self.usage: dict[str, int] = {}  # the runtime's token usage (delegated turns)
 
     async def run(self) -> TurnOutcome:
         names = ", ".join(s.descriptor.name for s in self.plan.sources) or "none"
@@ -294,9 +302,10 @@ class KnowledgeTurn:
         streamed: list[str] = []
         start = time.monotonic()
         try:
-            text = await complete(runtime, body, lambda t: streamed.append(self._emit(t)))
+            completion = await complete(runtime, body, lambda t: streamed.append(self._emit(t)), self.pool)
         except RuntimeFailure as exc:
             return self._runtime_failed(exc, "".join(streamed), answered, failed, _ms(start))
+        text, self.usage = completion.text, completion.usage
         suffix = self._emit(answers.fallback_anchors(text, len(self.evidence.citations)))
         detail = "The chat completions endpoint returned a grounded markdown answer."
         if suffix:
@@ -340,9 +349,10 @@ class KnowledgeTurn:
             fallback = self._evidence_only(answered, failed, "bridge-evidence-only-fallback")
             text = partial + self._emit(("\n\n" if partial else "") + fallback)
             return self._finish(text, emitted=True)
+        why = f": {exc.message}" if exc.message else f" ({exc.reason.replace('_', ' ')})"
         error = TurnError(
             "RUNTIME_FAILED",
-            "the knowledge runtime failed; evidence and steps are in the artifact",
+            f"the knowledge runtime failed{why}; evidence and steps are in the artifact",
             {"reason": exc.reason, **({"httpStatus": exc.http_status} if exc.http_status else {})},
         )
         return self._finish(partial, emitted=True, error=error)
@@ -391,4 +401,5 @@ class KnowledgeTurn:
             "diagnostics": self.diagnostics,
         }
         status = "failed" if error else "completed"
-        return TurnOutcome(status, stop_reason="end_turn" if not error else "error", error=error, artifacts=[artifact])
+        stop = "end_turn" if not error else "error"
+        return TurnOutcome(status, stop_reason=stop, error=error, artifacts=[artifact], usage=self.usage or None)

@@ -26,6 +26,7 @@ from compat.knowledge import retrieval
 from compat.knowledge.engine import KnowledgeTurn, TurnInput, TurnPlan
 from compat.knowledge.errors import KnowledgeNotFound, SourceError
 from compat.knowledge.policy import request_sources
+from compat.knowledge.runtime import RuntimeClient
 from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor, default_sources
 from compat.knowledge.sources import build_source
 from compat.knowledge.sources.base import Capabilities, KnowledgeSource, fallback_capabilities
@@ -67,6 +68,7 @@ class KnowledgeService:
                 raise ValueError(f"knowledgeSources: duplicate source id {desc.id!r}")
             self.descriptors[desc.id] = desc
         self._sources: dict[str, KnowledgeSource] = {}
+        self.runtime_pool = RuntimeClient()  # one HTTP pool for every delegated turn's model call
         self._caps: dict[tuple[str, str, str], tuple[float, Capabilities]] = {}
 
     async def __aenter__(self) -> KnowledgeService:
@@ -209,7 +211,7 @@ class KnowledgeService:
         except RpcError as exc:
             return TurnOutcome("failed", stop_reason="error", error=TurnError(exc.name, exc.message, exc.data or None))
         try:
-            return await KnowledgeTurn(plan, turn, self.settings, self.capabilities, sink).run()
+            return await KnowledgeTurn(plan, turn, self.settings, self.capabilities, sink, self.runtime_pool).run()
         finally:
             await self.release(plan)
 
@@ -332,7 +334,8 @@ class KnowledgeService:
                 tg.start_soon(fill, child)
 
     async def aclose(self) -> None:
-        """Close every source object (bounded, shielded)."""
+        """Close every source object and the runtime's pool (bounded, shielded)."""
+        await self.runtime_pool.aclose()
         sources, self._sources = list(self._sources.values()), {}
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             for source in sources:
