@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -50,8 +51,23 @@ async def running_orchestrator(config: BridgeConfig) -> AsyncIterator[Any]:
     from bridge.methods import build_dispatcher
     from bridge.wiring import build_orchestrator
 
-    async with build_orchestrator(config) as orch:
-        yield orch, build_dispatcher(orch)
+    requests = request_log(config)
+    try:
+        async with build_orchestrator(config) as orch:
+            yield orch, build_dispatcher(orch, requests)
+    finally:
+        if requests is not None:
+            requests.close()
+
+
+def request_log(config: BridgeConfig) -> Any:
+    """The audit and I/O logs of ``config`` (``bridge.audit.RequestLog``), or None when both are off."""
+    audit, io = config.audit_path(), config.io_log
+    if audit is None and io is None:
+        return None
+    from bridge.audit import JsonlWriter, RequestLog
+
+    return RequestLog(JsonlWriter(audit) if audit else None, JsonlWriter(Path(io).expanduser()) if io else None)
 
 
 def build_app(config: BridgeConfig) -> Any:
@@ -69,24 +85,31 @@ def build_app(config: BridgeConfig) -> Any:
 
         mcp = create_mcp_app(orch.knowledge)
 
+    requests = request_log(config)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with orch, mcp.lifespan() if mcp is not None else contextlib.nullcontext():
-            freeze_heap()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(preload)
-                try:
-                    yield
-                finally:
-                    tg.cancel_scope.cancel()
+        try:
+            async with orch, mcp.lifespan() if mcp is not None else contextlib.nullcontext():
+                freeze_heap()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(preload)
+                    try:
+                        yield
+                    finally:
+                        tg.cancel_scope.cancel()
+        finally:
+            if requests is not None:
+                await anyio.to_thread.run_sync(requests.close)
 
     def editor(
         write: Callable[[bytes], None], backlog: Callable[[], int], principal: str, connection_id: str
     ) -> AcpAgent:
         return AcpAgent(orch, principal, write, connection_id=connection_id, backlog=backlog)
 
-    app = create_app(config, build_dispatcher(orch), lifespan=lifespan, mcp_app=mcp, editor=editor)
+    app = create_app(config, build_dispatcher(orch, requests), lifespan=lifespan, mcp_app=mcp, editor=editor)
     app.on_stopping.append(lambda: orch.drain(config.timeouts.shutdown_grace))
+
     return app
 
 

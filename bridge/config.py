@@ -95,6 +95,11 @@ class BridgeConfig(Settings, frozen=True):
     """Where sessions, turns and update logs are stored (default ``<dataDir>/state``)."""
     persist_sessions: bool = True
     """False: sessions live in memory only and are gone with the process."""
+    audit_log: bool | str = False
+    """True: one JSON line per request in ``<stateDir>/audit.jsonl`` (a string: that file), with
+    an allow-list of fields, never a prompt or a secret (bridge.audit)."""
+    io_log: str | None = None
+    """A file for the whole exchange of every request, secrets redacted (local debugging)."""
     admin_principals: list[str] = msgspec.field(default_factory=lambda: [LOCAL_PRINCIPAL])
     """Principals that administer the bridge: read ``system.logs`` (and, later, the knowledge
     source registry and metrics)."""
@@ -146,6 +151,14 @@ class BridgeConfig(Settings, frozen=True):
         if self.state_dir:
             return Path(os.path.expanduser(self.state_dir)).resolve()
         return self.data_path() / "state"
+
+    def audit_path(self) -> Path | None:
+        """``auditLog``'s file, or None when it is off."""
+        if self.audit_log is False:
+            return None
+        if self.audit_log is True:
+            return self.state_path() / "audit.jsonl"
+        return Path(os.path.expanduser(self.audit_log)).resolve()
 
     def gateway_identity_path(self) -> Path:
         """``gateway.identityFile``, resolved (default ``<dataDir>/gateway/device.pem``)."""

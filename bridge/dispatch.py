@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,7 +23,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from bridge.rpc.codec import MISSING, Frame, Invalid, Reply, Request, Response, parse_frame
+from bridge.rpc.codec import Frame, Invalid, Reply, Request, Response, parse_frame
 from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, LimitReached, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
@@ -30,6 +31,9 @@ from bridge.rpc.stream import EnvelopeStream
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, Any], None]
+Observer = Callable[[Request, str, Reply, float], None]
+"""Called after each request with its principal, its reply and its duration in seconds
+(``bridge.audit.RequestLog``); it must not block."""
 
 
 def _discard(method: str, params: Any) -> None:
@@ -112,8 +116,14 @@ class Dispatcher:
     """
 
     def __init__(
-        self, methods: Iterable[Method], *, max_batch_size: int = 100, max_batch_reply_bytes: int = 32 * 1024 * 1024
+        self,
+        methods: Iterable[Method],
+        *,
+        max_batch_size: int = 100,
+        max_batch_reply_bytes: int = 32 * 1024 * 1024,
+        observer: Observer | None = None,
     ) -> None:
+        self._observer = observer
         self._max_batch = max_batch_size
         self._max_batch_reply = max_batch_reply_bytes
         self._methods: dict[str, Method] = {}
@@ -132,34 +142,45 @@ class Dispatcher:
         method = self._methods.get(request.method)
         if method is not None and method.inline:
             return self.call_now(request, ctx, method)
+        started = time.monotonic()
         try:
             if method is None:
                 raise MethodNotFound(f"Method not found: {request.method[:200]}", method=request.method[:200])
             result = await method.handler(self._validated(method, request), ctx)
         except Exception as exc:
-            return self._failed(request, exc)
-        return self._answer(request, Reply(request.id, result=result))
+            reply = self._failed(request, exc)
+        else:
+            reply = Reply(request.id, result=result)
+        self._observe(request, ctx, reply, started)
+        return self._answer(request, reply)
 
     def call_now(self, request: Request, ctx: CallContext, method: Method) -> Reply | None:
         """``call`` for an inline method, without awaiting."""
+        started = time.monotonic()
         try:
-            result = method.handler(self._validated(method, request), ctx)
+            reply = Reply(request.id, method.handler(self._validated(method, request), ctx))
         except Exception as exc:
-            return self._failed(request, exc)
-        return None if request.id is MISSING else Reply(request.id, result)
+            reply = self._failed(request, exc)
+        self._observe(request, ctx, reply, started)
+        return self._answer(request, reply)
+
+    def _observe(self, request: Request, ctx: CallContext, reply: Reply, started: float) -> None:
+        if self._observer is not None:
+            try:
+                self._observer(request, ctx.principal, reply, time.monotonic() - started)
+            except Exception:
+                log.exception("the request log failed")
 
     @staticmethod
     def _validated(method: Method, request: Request) -> Any:
         raw = _params(request)
         return method.params(raw) if method.params is not None else raw
 
-    def _failed(self, request: Request, exc: Exception) -> Reply | None:
+    def _failed(self, request: Request, exc: Exception) -> Reply:
         if isinstance(exc, RpcError):
-            reply = Reply.from_error(request.id, exc)
-        else:  # one place: unexpected failures become -32603 without their text
-            log.error("method %s failed", request.method, exc_info=exc)
-            reply = Reply.from_error(request.id, InternalError())
-        return self._answer(request, reply)
+            return Reply.from_error(request.id, exc)
+        log.error("method %s failed", request.method, exc_info=exc)  # one place: -32603 without its text
+        return Reply.from_error(request.id, InternalError())
 
     @staticmethod
     def _answer(request: Request, reply: Reply) -> Reply | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bridge.dispatch import CallContext, Dispatcher, Method
+from bridge.dispatch import CallContext, Dispatcher, Method, Observer
 from bridge.logs import RECENT
 from bridge.rpc.errors import NotFound
 from compat.params import validated
@@ -268,8 +268,9 @@ METHODS: tuple[MethodSpec, ...] = (
 METHOD_NAMES: tuple[str, ...] = tuple(spec.name for spec in METHODS)
 
 
-def build_dispatcher(orch: Orchestrator) -> Dispatcher:
-    """The dispatcher for every method in :data:`METHODS`, bound to ``orch``.
+def build_dispatcher(orch: Orchestrator, observer: Observer | None = None) -> Dispatcher:
+    """The dispatcher for every method in :data:`METHODS`, bound to ``orch``; ``observer`` sees
+    every request (the audit and I/O logs, ``bridge.audit``).
 
     Raises:
         TypeError: an entry's ``inline`` does not match its handler's kind.
@@ -279,4 +280,5 @@ def build_dispatcher(orch: Orchestrator) -> Dispatcher:
         (spec.bind(orch) for spec in METHODS),
         max_batch_size=limits.max_batch_size,
         max_batch_reply_bytes=limits.max_batch_reply_bytes,
+        observer=observer,
     )
