@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import re
@@ -375,6 +376,37 @@ def cmd_providers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sources(args: argparse.Namespace) -> int:
+    """The configured knowledge sources and their status, read from the configuration (no server)."""
+    from bridge.wiring import build_knowledge
+
+    try:
+        config = load_config(args.config)
+        knowledge = build_knowledge(config)
+    except ConfigError as exc:
+        print(f"xworkmate-bridge sources: {exc}", file=sys.stderr)
+        return 2
+
+    async def listing() -> dict[str, Any]:
+        async with knowledge:
+            return await knowledge.list_sources(args.probe)
+
+    result = anyio.run(listing)
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False, indent=1))
+        return 0
+    for entry in result["sources"]:
+        if not entry["enabled"]:
+            status = "disabled"
+        elif not args.probe:
+            status = "configured"
+        else:
+            status = "ready" if entry["ready"] else f"not ready ({entry.get('reason') or 'unknown'})"
+        pages = f"  {entry['pageCount']} pages" if entry.get("pageCount") is not None else ""
+        print(f"{entry['id']:<20} {entry['label'][:24]:<24} {entry['protocol']:<14} {status}{pages}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xworkmate-bridge", description="JSON-RPC control plane for coding agents")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -431,6 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help=config_help)
     client_options(p)
     p.set_defaults(func=cmd_providers)
+
+    p = sub.add_parser("sources", help="list the knowledge sources of the configuration and their status")
+    p.add_argument("--probe", action="store_true", help="ask each source what it can do (a network call per source)")
+    p.add_argument("--json", action="store_true", help="print the knowledge.sources result as JSON")
+    p.add_argument("--config", help=config_help)
+    p.set_defaults(func=cmd_sources)
     return parser
 
 

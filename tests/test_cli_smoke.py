@@ -296,3 +296,23 @@ def test_chat_shows_a_wait_on_one_line_that_updates(terminal):
             "[waiting] waiting for the agent's output (10 s)",
             "[waiting] waiting for the agent's output (20 s)",
         ]
+
+
+def test_sources_lists_the_configured_knowledge_sources_without_a_server(tmp_path):
+    wiki = tmp_path / "wiki"
+    wiki.mkdir()
+    (wiki / "refunds.md").write_text("# Refunds\n\nRefunds need approval.\n")
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(
+        "workspaceRoots: [" + str(tmp_path) + "]\n"
+        "knowledgeSources:\n"
+        f"  - {{id: ops, label: Ops wiki, protocol: local-wiki, root: {wiki}}}\n"
+        "  - {id: remote, label: Remote, protocol: llmwiki-http, url: 'http://127.0.0.1:1'}\n"
+    )
+    argv = [sys.executable, "-m", "bridge.cli", "sources", "--config", str(cfg)]
+    listed = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == ["ops", "remote"] and all("configured" in line for line in listed)
+    probed = subprocess.run([*argv, "--probe"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "ready  1 pages" in probed and "not ready (connect)" in probed
+    raw = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert [s["id"] for s in raw["sources"]] == ["ops", "remote"]
