@@ -353,7 +353,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
         if "error" in reply:
             _explain(reply["error"])
             return 1
-        catalog = reply["result"]["providerCatalog"]
+        catalog = reply["result"]["providerCatalog"] + reply["result"].get("gatewayProviders", [])
         summary = {p["providerId"]: p for p in reply["result"]["providerProbeSummary"]}
     else:
         config = load_config(args.config)
@@ -366,11 +366,13 @@ def cmd_providers(args: argparse.Namespace) -> int:
                 await orch.registry.probe_all()
             caps = msgspec.to_builtins(orch.capabilities())
             await orch.registry.aclose()
-            return caps["providerCatalog"], {p["providerId"]: p for p in caps["providerProbeSummary"]}
+            catalog = caps["providerCatalog"] + caps["gatewayProviders"]
+            return catalog, {p["providerId"]: p for p in caps["providerProbeSummary"]}
 
         catalog, summary = anyio.run(local)
     for entry in catalog:
-        status = summary.get(entry["providerId"], {}).get("status", "?")
+        default = "ok" if entry.get("enabled") else "error"  # gateways have no probe summary
+        status = summary.get(entry["providerId"], {}).get("status", default)
         reason = f"  ({entry['unavailableReason']})" if entry.get("unavailableReason") else ""
         print(f"{entry['providerId']:<12} {entry['label']:<14} {entry['category']:<10} {status}{reason}")
     return 0

@@ -3,7 +3,8 @@
 Source: docs/api.md "xworkmate.routing.resolve", after the original bridge's era-B router
 (../shared/reference/xworkmate-original.md §4) with the contract's changes: an unavailable explicit
 provider is never silently substituted, and with no gateway configured, prompts that would go to
-the gateway go to the first available agent. Keywords match on word boundaries (so ``wan`` does not
+the gateway go to the first available agent (with no agent available and a gateway configured,
+auto routing goes to the gateway). Keywords match on word boundaries (so ``wan`` does not
 match "want"); CJK keywords match as substrings.
 """
 
@@ -298,6 +299,9 @@ def resolve(
     candidates = available if auto_available is None else auto_available
     if candidates:
         res.resolved_provider_id = candidates[0]
+    elif gateway_configured and inp.routing_mode != "explicit":  # no agent can run: the gateway can
+        res.resolved_execution_target = "gateway"
+        res.resolved_gateway_provider_id = "openclaw"
     else:
         res.unavailable_code = "PROVIDER_UNAVAILABLE"
         res.unavailable_message = "no single-agent provider is available"

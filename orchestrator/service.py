@@ -232,7 +232,7 @@ class Orchestrator:
         catalog = self.registry.catalog()
         # A target is advertised only when a turn routed to it can run.
         gateways = self.registry.catalog(gateways=True)
-        targets: list[str] = ["agent", "gateway"] if gateways else ["agent"]
+        targets = [t for t, entries in (("agent", catalog), ("gateway", gateways)) if any(e.enabled for e in entries)]
         single = any(entry.enabled for entry in catalog)
         return CapabilitiesResult(
             single_agent=single,
@@ -263,6 +263,18 @@ class Orchestrator:
             explicit_provider_id=inp.explicit_provider_id and self.registry.resolve_id(inp.explicit_provider_id),
             preferred_provider_id=inp.preferred_provider_id and self.registry.resolve_id(inp.preferred_provider_id),
         )
+        gateways = self.registry.gateway_ids()
+        if inp.explicit_provider_id in gateways or (
+            not inp.explicit_provider_id and inp.preferred_provider_id in gateways
+        ):
+            # `--provider openclaw`: the gateway provider names the gateway target
+            inp = msgspec.structs.replace(
+                inp,
+                routing_mode="explicit",
+                explicit_execution_target="gateway",
+                explicit_provider_id="",
+                preferred_provider_id="",
+            )
         available = self.registry.available()
         # Auto routing picks a knowledge provider only when it is the only one available, and an
         # agent known to need authentication only when no agent is ready (explicit routing still

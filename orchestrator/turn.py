@@ -379,7 +379,8 @@ class Turn:
                 continue
             reason = self._wait_reason()
             if reason is not None:
-                self.publish(updates.waiting(reason, int(now - self._quiet_since)), quiet=True)
+                gateway = self._spec.resolution.resolved_execution_target == "gateway"
+                self.publish(updates.waiting(reason, int(now - self._quiet_since), gateway=gateway), quiet=True)
             next_at = now + interval
 
     def _wait_reason(self) -> str | None:

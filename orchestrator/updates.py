@@ -68,10 +68,14 @@ WAIT_TEXT = {
 """What each ``waiting`` reason says (docs/api.md "Update stream")."""
 
 
-def waiting(reason: str, seconds: int) -> dict[str, Any]:
+def waiting(reason: str, seconds: int, *, gateway: bool = False) -> dict[str, Any]:
     """``status`` / ``waiting``: nothing was published for ``seconds`` (whole seconds) while the
-    turn waits for ``reason``: ``capacity``, ``starting``, ``output`` or ``permission``."""
-    message = f"{WAIT_TEXT[reason]} ({seconds} s)"
+    turn waits for ``reason``: ``capacity``, ``starting``, ``output`` or ``permission``; a
+    gateway-routed turn waits for the gateway, not an agent."""
+    text = WAIT_TEXT[reason]
+    if gateway:
+        text = text.replace("the agent to start", "the gateway connection").replace("the agent's", "the gateway's")
+    message = f"{text} ({seconds} s)"
     params = status("waiting", message)
     params["reason"] = reason
     params["waitedSeconds"] = seconds

@@ -136,18 +136,12 @@ class GatewayClient:
         return self._identity
 
     def connect(self) -> None:
-        """Want the connection: start connecting now (also after an ``error`` stop, or during a
-        backoff wait: an explicit connect is one more attempt, not a loop)."""
+        """Want the connection: connect now, cutting a backoff wait short (also after an
+        ``error`` stop): each call (an explicit ``connect``, a gateway-routed turn) is one more
+        attempt, never a loop."""
         if self.status in ("connected", "connecting"):
             return
         self._want(nudge=True)
-
-    def want(self) -> None:
-        """Want the connection without cutting a backoff wait short (a gateway-routed turn)."""
-        if self.status == "error":
-            self._want(nudge=True)  # one more attempt per turn, never a loop
-        elif not self._wanted:
-            self._want(nudge=True)
 
     def _want(self, *, nudge: bool) -> None:
         self._wanted = True
@@ -178,7 +172,7 @@ class GatewayClient:
             GatewayError: the connection stopped on a refusal (the gateway's code), or
                 ``CONNECT_TIMEOUT`` naming the last failure.
         """
-        self.want()
+        self.connect()
         with anyio.move_on_after(timeout):
             while True:
                 changed = self._changed
@@ -240,7 +234,7 @@ class GatewayClient:
             "connectAuthFields": ["password"] if s.password else ["token"] if s.token else [],
             "connectAuthSources": ["bridge"],
             "hasSharedAuth": bool(s.token or s.password),
-            "hasDeviceToken": bool(self.tokens.get(self.url, wire.ROLE)),
+            "hasDeviceToken": bool(self.tokens.get(self.url, wire.ROLE, self._shared())),
             "remoteAddress": f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'wss' else 80)}",
             "mainSessionKey": "main",
             "reconnectAttempt": self.attempts,
@@ -375,8 +369,11 @@ class GatewayClient:
 
     def _credentials(self) -> Credentials:
         s = self.settings
-        device_token = "" if self._shared_only else self.tokens.get(self.url, wire.ROLE)
+        device_token = "" if self._shared_only else self.tokens.get(self.url, wire.ROLE, self._shared())
         return Credentials(token=s.token or "", password=s.password or "", device_token=device_token)
+
+    def _shared(self) -> str:
+        return self.settings.token or self.settings.password or ""
 
     def _connect_params(self, nonce: str, credentials: Credentials) -> dict[str, Any]:
         s = self.settings
@@ -422,7 +419,8 @@ class GatewayClient:
         self.returned_device_token = isinstance(token, str) and bool(token)
         if isinstance(token, str) and token and token != credentials.device_token:
             scopes = auth.get("scopes")
-            self.tokens.put(self.url, wire.ROLE, token, [str(x) for x in scopes] if isinstance(scopes, list) else [])
+            kept = [str(x) for x in scopes] if isinstance(scopes, list) else []
+            self.tokens.put(self.url, wire.ROLE, token, kept, self._shared())
         method = auth.get("method")
         self.auth_method = method[:100] if isinstance(method, str) else ""
         self.hello = hello

@@ -104,6 +104,11 @@ def _write_private(path: Path, data: bytes) -> None:
         raise
 
 
+def credential_tag(credential: str) -> str:
+    """Names a shared credential without holding it: 16 hex digits of its SHA-256 ("" for none)."""
+    return hashlib.sha256(credential.encode()).hexdigest()[:16] if credential else ""
+
+
 class DeviceTokens:
     """The device tokens the gateway issued, per gateway URL and role (a JSON file, 0600).
 
@@ -121,14 +126,19 @@ class DeviceTokens:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def get(self, url: str, role: str) -> str:
+    def get(self, url: str, role: str, credential: str = "") -> str:
+        """The device token issued while ``credential`` (the shared token or password) was
+        configured; "" when there is none, or it was issued under another credential (an
+        operator who changes ``gateway.token`` gets the new one used, and refused if wrong)."""
         entry = self._read().get(f"{url}|{role}")
-        token = entry.get("deviceToken") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or entry.get("credential", "") != credential_tag(credential):
+            return ""
+        token = entry.get("deviceToken")
         return token if isinstance(token, str) else ""
 
-    def put(self, url: str, role: str, token: str, scopes: list[str]) -> None:
+    def put(self, url: str, role: str, token: str, scopes: list[str], credential: str = "") -> None:
         data = self._read()
-        data[f"{url}|{role}"] = {"deviceToken": token, "scopes": scopes}
+        data[f"{url}|{role}"] = {"deviceToken": token, "scopes": scopes, "credential": credential_tag(credential)}
         self._write(data)
 
     def drop(self, url: str, role: str) -> None:

@@ -34,7 +34,6 @@ CAPS = ("tool-events",)
 
 DEFAULT_ALLOWED_METHODS = (
     "health",
-    "status",
     "models.list",
     "agents.list",
     "agent.identity.get",
@@ -44,7 +43,8 @@ DEFAULT_ALLOWED_METHODS = (
     "agent.wait",
 )
 """``xworkmate.gateway.request`` methods passed by default: read-only ones and chat. Others
-(``config.*``, ``agents.create`` …) reconfigure the gateway with the bridge's operator credential."""
+(``config.*``, ``agents.create`` …) reconfigure the gateway with the bridge's operator credential;
+``status`` and ``sessions.*`` show every principal's sessions."""
 
 SESSION_KEY_PREFIX = "xwm-"
 """Every session key the bridge sends starts with ``xwm-<principal tag>-`` (``scoped_key``)."""

@@ -44,6 +44,26 @@ app opens a fresh HTTP request per call, so a runtime outlives the connection th
 MAX_RUNTIME_ID = 200
 
 
+def visible(value: Any, principal: str, depth: int = 0) -> Any:
+    """``value`` (a gateway payload) without the entries about other sessions: in every list, an
+    object whose ``key`` or ``sessionKey`` names a session outside the principal's namespace is
+    left out (``health`` lists the gateway's recent sessions, everyone's)."""
+    if depth > 32:
+        return None
+    if isinstance(value, list):
+        kept = []
+        for item in value:
+            if isinstance(item, dict):
+                key = item.get("sessionKey", item.get("key"))
+                if isinstance(key, str) and key and not in_namespace(principal, key):
+                    continue
+            kept.append(visible(item, principal, depth + 1))
+        return kept
+    if isinstance(value, dict):
+        return {k: visible(v, principal, depth + 1) for k, v in value.items()}
+    return value
+
+
 class _Runtime:
     __slots__ = ("connection_id", "notify", "principal", "runtime_id")
 
@@ -160,7 +180,7 @@ class GatewayRuntimes:
                 runtime.notify = None
         if method == "chat.send" and isinstance(payload, dict) and isinstance(payload.get("runId"), str):
             self.adapter.own_run(principal, payload["runId"])
-        return {"ok": True, "payload": payload, "error": None}
+        return {"ok": True, "payload": visible(payload, principal), "error": None}
 
     def disconnect(self, principal: str, runtime_id: str) -> dict[str, Any]:
         """``xworkmate.gateway.disconnect``: forget the runtime; when it was the last one and no

@@ -62,6 +62,7 @@ class FakeGateway:
         self.drop_on: set[str] = set()  # methods whose request closes the socket, unanswered
         self.wait_answers_timeout = False  # agent.wait answers {status: "timeout"} at once
         self.hello_extra: dict[str, Any] = {}  # merged into hello-ok's payload
+        self.health_sessions: list[dict[str, Any]] = []  # health's sessions.recent (everyone's)
         self.aborted: list[str] = []
         self.connections: list[ServerConnection] = []
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -244,7 +245,7 @@ class FakeGateway:
         if method in self.slow_methods:
             await asyncio.sleep(self.slow_methods[method])
         if method == "health":
-            payload: Any = {"ok": True, "ts": int(time.time() * 1000)}
+            payload: Any = {"ok": True, "ts": int(time.time() * 1000), "sessions": {"recent": list(self.health_sessions)}}
         elif method == "chat.send":
             run_id = params["idempotencyKey"]
             if run_id not in self._runs:

@@ -74,11 +74,11 @@ async def test_capabilities_advertise_the_gateway_only_when_configured(bridge, t
     async with anyio.create_task_group() as tg:
         alice = await bridge.client(ALICE, tg)
         caps = (await alice.call("acp.capabilities", {}))["result"]
-        assert caps["availableExecutionTargets"] == ["agent", "gateway"]
+        assert caps["availableExecutionTargets"] == ["gateway"]  # no agent provider is configured
         assert [p["providerId"] for p in caps["gatewayProviders"]] == ["openclaw"]
         assert all(p["providerId"] != "openclaw" for p in caps["providerCatalog"])
         tg.cancel_scope.cancel()
-    plain = convert({"workspaceRoots": [str(tmp_path)], "providers": {}}, BridgeConfig)
+    plain = convert({"workspaceRoots": [str(tmp_path)], "providers": {"knowledge": {"type": "knowledge"}}}, BridgeConfig)
     async with real_server(plain, build_app(plain)) as port, anyio.create_task_group() as tg:
         client = await Bridge(port).client("", tg)
         caps = (await client.call("acp.capabilities", {}))["result"]
@@ -329,3 +329,44 @@ async def test_a_gateway_whose_agent_wait_answers_timeout_at_once_is_polled_gent
         await alice.wait(lambda: turn in alice.replies)
         assert alice.replies[turn]["result"]["status"] == "cancelled"
         tg.cancel_scope.cancel()
+
+
+async def test_health_shows_a_principal_only_its_own_gateway_sessions(bridge, gateway):
+    from compat.gateway.adapter import principal_prefix
+
+    gateway.health_sessions = [
+        {"key": f"agent:main:{principal_prefix('alice')}main", "totalTokens": 10},
+        {"key": f"agent:main:{principal_prefix('bob')}main", "totalTokens": 20},
+        {"key": "agent:main:main", "totalTokens": 30},
+    ]
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        assert (await alice.call("xworkmate.gateway.connect", {"runtimeId": "rt"}))["result"]["ok"]
+        health = (await alice.call("xworkmate.gateway.request", {"runtimeId": "rt", "method": "health"}))["result"]
+        assert [s["totalTokens"] for s in health["payload"]["sessions"]["recent"]] == [10]
+        status = (await alice.call("xworkmate.gateway.request", {"runtimeId": "rt", "method": "status"}))["result"]
+        assert status["error"]["code"] == "METHOD_NOT_ALLOWED"  # it lists every principal's sessions
+        tg.cancel_scope.cancel()
+
+
+async def test_the_gateway_provider_id_and_a_gateway_only_bridge_route_to_the_gateway(bridge):
+    async with anyio.create_task_group() as tg:
+        alice = await bridge.client(ALICE, tg)
+        caps = (await alice.call("acp.capabilities", {}))["result"]
+        assert caps["availableExecutionTargets"] == ["gateway"]  # no agent provider can run here
+        by_id = {"sessionId": "s-gw-id", "taskPrompt": "hi", "routing": {"explicitProviderId": "openclaw"}}
+        result = (await alice.call("session.start", by_id))["result"]
+        assert result["status"] == "completed" and result["resolvedExecutionTarget"] == "gateway"
+        auto = (await alice.call("session.start", {"sessionId": "s-gw-auto", "taskPrompt": "fix the bug"}))["result"]
+        assert auto["status"] == "completed" and auto["resolvedGatewayProviderId"] == "openclaw"
+        tg.cancel_scope.cancel()
+
+
+def test_providers_lists_the_gateway(tmp_path):
+    import subprocess
+
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(f"providers: {{}}\ngateway: {{url: 'ws://127.0.0.1:1', token: t0k3n-for-tests}}\ndataDir: {tmp_path}\n")
+    argv = [sys.executable, "-m", "bridge.cli", "providers", "--local", "--config", str(cfg)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split()[:3] == ["openclaw", "OpenClaw", "gateway"] and out.split()[4] == "ok"

@@ -145,7 +145,7 @@ async def test_a_protocol_mismatch_is_answered_with_the_expected_protocol_once(t
 
 async def test_a_refused_device_token_is_retried_once_with_the_shared_token_then_stops(tmp_path, gateway):
     client = make(tmp_path, gateway.url)
-    client.tokens.put(gateway.url, "operator", "devtok-stale", [])
+    client.tokens.put(gateway.url, "operator", "devtok-stale", [], TOKEN)
     gateway.token = "another-token"  # the shared token is refused too
     async with anyio.create_task_group() as tg:
         tg.start_soon(client.run)
@@ -155,7 +155,7 @@ async def test_a_refused_device_token_is_retried_once_with_the_shared_token_then
         await anyio.sleep(WINDOW)
         sent = [(a.params or {}).get("auth") for a in gateway.attempts]
         assert sent == [{"deviceToken": "devtok-stale"}, {"token": TOKEN}]
-        assert not client.tokens.get(gateway.url, "operator")  # the refused token is forgotten
+        assert not client.tokens.get(gateway.url, "operator", TOKEN)  # the refused token is forgotten
         tg.cancel_scope.cancel()
 
 
@@ -344,3 +344,20 @@ async def test_a_gateway_that_accepts_then_drops_at_once_gets_a_growing_backoff(
             gaps = [b.at - a.at for a, b in itertools.pairwise(gateway.attempts)]
             assert gaps[-1] > gaps[0] and gaps[-1] >= 1.5  # 0.5, 1, 2 s (jittered), not 0.5 s forever
             tg.cancel_scope.cancel()
+
+
+async def test_a_changed_gateway_token_is_used_not_hidden_by_the_stored_device_token(tmp_path, gateway):
+    client = make(tmp_path, gateway.url)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.run)
+        await client.ready(5)
+        tg.cancel_scope.cancel()
+    assert client.returned_device_token
+    changed = GatewayClient(settings(gateway.url, token="edited-token"), tmp_path / "id" / "device.pem", version="1")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(changed.run)
+        with pytest.raises(GatewayError) as raised:  # the new token is what the gateway judges
+            await changed.ready(5)
+        assert raised.value.detail_code == "AUTH_TOKEN_MISMATCH"
+        assert (gateway.attempts[-1].params or {}).get("auth") == {"token": "edited-token"}
+        tg.cancel_scope.cancel()

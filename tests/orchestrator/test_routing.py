@@ -89,7 +89,9 @@ def test_explicit_target_is_ignored_in_auto_mode():
 
 def test_absent_routing_is_auto_and_picks_the_first_available_provider():
     assert run("hi", None)["resolvedProviderId"] == "codex"
-    assert run("hi", None, available=())["unavailableCode"] == "PROVIDER_UNAVAILABLE"
+    assert run("hi", None, available=(), gateway=False)["unavailableCode"] == "PROVIDER_UNAVAILABLE"
+    to_gateway = run("hi", None, available=())  # no agent can run, a gateway can
+    assert to_gateway["resolvedExecutionTarget"] == "gateway" and to_gateway["unavailableCode"] == ""
 
 
 def test_keywords_match_whole_words_only():
