@@ -32,7 +32,11 @@ class SourceError(Exception):
     """A source could not answer. ``reason`` is a stable token; ``http_status`` when known.
 
     Reasons: ``timeout``, ``connect``, ``http_status``, ``invalid_json``, ``too_large``,
-    ``upstream_error``, ``mcp_unavailable``, ``not_found``, ``unsupported``, ``error``.
+    ``upstream_error``, ``mcp_unavailable``, ``not_found``, ``unsupported``, ``error``;
+    ``session_expired`` (MCP: a second 404 after re-initialising); ``input_required``,
+    ``auth_required`` (an A2A task that wants more than one message), ``binding_mismatch`` (an
+    A2A card advertising a binding its URL does not serve), ``binding_unsupported`` (no binding
+    the bridge speaks).
     """
 
     def __init__(self, reason: str, message: str = "", *, http_status: int | None = None) -> None:

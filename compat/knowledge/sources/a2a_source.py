@@ -1,12 +1,15 @@
 """The ``a2a`` source: an A2A agent that answers with an ``llmwiki_context`` artifact.
 
-The agent card is fetched (``<url>/.well-known/agent-card.json`` unless ``url`` is the card) and
-parsed by the official ``a2a-sdk``. A card that advertises A2A v1 interfaces
-(``supportedInterfaces``) is called through the SDK client with a user message of a text part
-and a data part ``{query, retrieval?}``. llmwiki-serve's legacy compat card has no
-``supportedInterfaces``; through the SDK's 0.3 compat client its ``llmwiki_context`` artifact
-would be lost, so it is called as the original bridge does: ``POST <url>/message:send`` with
-``{"data": {"query", "retrieval"?}}`` (§1.14, §2.2). A2A sources only offer ``context``.
+The agent card is fetched from ``<url>/.well-known/agent-card.json`` (A2A 0.3 and v1), and when
+that is 404 from ``<url>/.well-known/agent.json`` (the A2A 0.2 path), unless ``url`` is the card
+itself; it is parsed by the official ``a2a-sdk``. llmwiki-serve's compat card (and the llmwiki
+agent bridge's) has no ``supportedInterfaces`` (v1) and no ``protocolVersion`` (0.3) and names
+``/message:send`` as its ``url``; every other card is called through the SDK client (``_a2a_call``:
+JSON-RPC or HTTP+JSON, v1 or 0.3, task states, cards that lie) with a user message of a text part
+and a data part ``{query, retrieval?}``. Through the SDK's 0.3 compat client the compat card's
+``llmwiki_context`` artifact would be lost, so it is called as the original bridge does:
+``POST <url>/message:send`` with ``{"data": {"query", "retrieval"?}}`` (§1.14, §2.2). A2A sources
+only offer ``context``.
 
 ``a2a-sdk`` is imported on first use.
 
@@ -19,12 +22,12 @@ import time
 import uuid
 from typing import Any
 
-import anyio
 import msgspec
 
 from compat.knowledge.errors import SourceError, SourceUnsupported
 from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.shapes import as_dict, as_list
+from compat.knowledge.sources._a2a_call import send_message
 from compat.knowledge.sources.base import (
     Capabilities,
     RoutedRetrieval,
@@ -34,6 +37,7 @@ from compat.knowledge.sources.base import (
 from compat.knowledge.sources.http import http_client, request_json
 
 CARD_PATH = "/.well-known/agent-card.json"
+OLD_CARD_PATH = "/.well-known/agent.json"
 CARD_TTL_SECONDS = 30.0
 ARTIFACT = "llmwiki_context"
 
@@ -60,6 +64,15 @@ def card_capabilities(raw: dict[str, Any]) -> list[str]:
     return [c for c in found if isinstance(c, str)]
 
 
+def _message(question: str, data: dict[str, Any]) -> Any:
+    """A user ``a2a_pb2.Message`` of a text part (the question) and a data part (``data``)."""
+    from a2a.helpers.proto_helpers import new_data_part
+    from a2a.types.a2a_pb2 import Message, Part, Role
+
+    parts = [Part(text=question), new_data_part(data)]
+    return Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=parts)
+
+
 def context_from(response: dict[str, Any]) -> dict[str, Any]:
     """The context pack inside an A2A answer: the ``llmwiki_context`` artifact's data part first,
     then any artifact's data part, then a data part of the message."""
@@ -74,14 +87,36 @@ def context_from(response: dict[str, Any]) -> dict[str, Any]:
     raise SourceError("invalid_json", f"returned no {ARTIFACT} artifact")
 
 
+def is_llmwiki_card(raw: dict[str, Any]) -> bool:
+    """llmwiki-serve's compat card (§1.14) or the llmwiki agent bridge's: no ``supportedInterfaces``,
+    no ``protocolVersion``, and ``url`` naming ``/message:send``. An A2A 0.3 card names its protocol
+    version; one from before 0.3 that does not is read by the SDK as 0.3."""
+    url = raw.get("url")
+    return (
+        "supportedInterfaces" not in raw
+        and "protocolVersion" not in raw
+        and isinstance(url, str)
+        and url.rstrip("/").endswith("/message:send")
+    )
+
+
+def card_urls(url: str) -> tuple[str, list[str]]:
+    """The agent's base URL and the card URLs to try, in order, for a descriptor ``url``."""
+    url = url.rstrip("/")
+    for path in (CARD_PATH, OLD_CARD_PATH):
+        if url.endswith(path):
+            return url[: -len(path)], [url]
+    if url.endswith(".json"):
+        return url, [url]
+    return url, [url + CARD_PATH, url + OLD_CARD_PATH]
+
+
 class A2aSource:
     """An A2A agent at ``descriptor.url`` (its base URL, or its agent card's URL)."""
 
     def __init__(self, descriptor: SourceDescriptor, *, timeout_s: float) -> None:
         self.descriptor = descriptor
-        url = (descriptor.url or "").rstrip("/")
-        self._card_url = url if url.endswith("agent-card.json") else url + CARD_PATH
-        self._base = url[: -len(CARD_PATH)] if url.endswith(CARD_PATH) else url
+        self._base, self._card_urls = card_urls(descriptor.url or "")
         self._timeout = timeout_s
         self._client = http_client(timeout_s)
         self._info: CardInfo | None = None
@@ -92,15 +127,31 @@ class A2aSource:
             return self._info
         from a2a.client.card_resolver import parse_agent_card
 
-        raw = await request_json(self._client, "GET", self._card_url)
+        raw = await self._fetch_card()
         if not isinstance(raw, dict):
             raise SourceError("invalid_json", "returned an agent card that is not an object")
         try:
             card = parse_agent_card(dict(raw))
         except Exception as exc:  # the SDK raises protobuf ParseError and friends
             raise SourceError("invalid_json", "returned an invalid agent card") from exc
-        self._info = CardInfo(raw, card, "supportedInterfaces" not in raw, time.monotonic())
+        self._info = CardInfo(raw, card, is_llmwiki_card(raw), time.monotonic())
         return self._info
+
+    async def _fetch_card(self) -> Any:
+        """The card from the first of ``_card_urls`` that is not 404; that URL is kept for next time."""
+        *earlier, last = self._card_urls
+        for url in earlier:
+            try:
+                raw = await request_json(self._client, "GET", url)
+            except SourceError as exc:
+                if exc.http_status != 404:
+                    raise
+                continue
+            self._card_urls = [url]
+            return raw
+        raw = await request_json(self._client, "GET", last)
+        self._card_urls = [last]
+        return raw
 
     async def discover(self) -> Capabilities:
         strings = card_capabilities((await self.card()).raw)
@@ -118,34 +169,9 @@ class A2aSource:
             if not isinstance(response, dict):
                 raise SourceError("invalid_json", "returned an answer that is not an object")
             return context_from(response)
-        return await self._send_v1(info, question, data)
-
-    async def _send_v1(self, info: CardInfo, question: str, data: dict[str, Any]) -> dict[str, Any]:
-        from a2a.client import ClientConfig, ClientFactory
-        from a2a.helpers.proto_helpers import new_data_part
-        from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
-        from google.protobuf.json_format import MessageToDict
-
-        message = Message(
-            role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=[Part(text=question), new_data_part(data)]
+        return context_from(
+            await send_message(info.card, self._client, _message(question, data), timeout_s=self._timeout)
         )
-        events: list[dict[str, Any]] = []
-        try:
-            with anyio.fail_after(self._timeout):
-                factory = ClientFactory(ClientConfig(httpx_client=self._client, streaming=False))
-                async with factory.create(info.card) as client:
-                    async for event in client.send_message(SendMessageRequest(message=message)):
-                        events.append(MessageToDict(event))
-        except TimeoutError as exc:
-            raise SourceError("timeout", "did not answer in time") from exc
-        except Exception as exc:  # SDK client errors (transport, JSON-RPC, protobuf)
-            raise SourceError("upstream_error", "failed the A2A call") from exc
-        for event in reversed(events):
-            try:
-                return context_from(event)
-            except SourceError:
-                continue
-        raise SourceError("invalid_json", f"returned no {ARTIFACT} artifact")
 
     async def source_bundle(self) -> dict[str, Any] | None:
         return None

@@ -1,12 +1,16 @@
 """The ``mcp`` source: llmwiki tools called with the official ``mcp`` client over Streamable HTTP.
 
 ``descriptor.url`` is the full MCP endpoint (llmwiki-serve's is ``/mcp/stream``); nothing is
-appended to it. Each operation opens one stateless client session, calls one tool and closes,
-all inside the source timeout. A tool result is read from ``structuredContent[<tool>]``, then
-``structuredContent``, then the first text block parsed as JSON (§2.2). A URL that answers no MCP
-(e.g. the server's base URL) becomes one ``mcp_unavailable`` error, not a transport trace.
+appended to it. Each operation opens one client session, calls one tool and closes, all inside the
+source timeout. A server that ends the session during the call (HTTP 404 to a request carrying
+``Mcp-Session-Id``) gets one new session, so one new ``initialize``, and one retry of the call (MCP
+2025-06-18 Transports §Session Management); a server that refuses the optional GET stream (405) is
+not asked for it again by this source (``_mcp_http``). A tool result is read from
+``structuredContent[<tool>]``, then ``structuredContent``, then the first text block parsed as JSON
+(§2.2). A URL that answers no MCP (e.g. the server's base URL) becomes one ``mcp_unavailable``
+error, not a transport trace.
 
-``mcp`` is imported on first use.
+``mcp`` and httpx2 are imported on first use.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -21,6 +25,7 @@ import anyio
 
 from compat.knowledge.errors import SourceError
 from compat.knowledge.settings import SourceDescriptor
+from compat.knowledge.sources._mcp_http import GetStream, SessionWatch
 from compat.knowledge.sources.base import (
     PAGE_LIST_LIMIT,
     Capabilities,
@@ -33,6 +38,10 @@ from compat.knowledge.sources.llmwiki_http import page_list
 log = logging.getLogger(__name__)
 _CONNECT_ERRORS = ("ConnectError", "ConnectTimeout", "ConnectionRefusedError", "OSError")
 NO_MCP = "did not answer MCP at its url; set url to the MCP endpoint itself (llmwiki-serve: /mcp/stream)"
+
+
+class _SessionExpired(Exception):
+    """The server answered 404 to a request of the session (its ``Mcp-Session-Id`` is gone)."""
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -71,14 +80,27 @@ class McpSource:
     def __init__(self, descriptor: SourceDescriptor, *, timeout_s: float) -> None:
         self.descriptor = descriptor
         self._timeout = timeout_s
+        self._get_stream = GetStream()
 
     async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
-        from mcp import Client
+        """Call ``tool`` in a new MCP session, and once more in another if the server ended the first.
 
+        One retry (MCP 2025-06-18 Transports §Session Management): a server that ends every new
+        session at once is failing, not expiring sessions.
+
+        Raises:
+            SourceError: ``session_expired`` when the second session ends too, ``timeout``,
+                ``connect``, ``mcp_unavailable``, ``upstream_error`` or ``invalid_json``.
+        """
         try:
             with anyio.fail_after(self._timeout):
-                async with Client(self.descriptor.url or "", read_timeout_seconds=self._timeout) as client:
-                    result = await client.call_tool(tool, arguments)
+                try:
+                    result = await self._call_in_session(tool, arguments)
+                except _SessionExpired:
+                    log.debug("MCP source %s ended its session; initializing a new one", self.descriptor.id)
+                    result = await self._call_in_session(tool, arguments)
+        except _SessionExpired as exc:
+            raise SourceError("session_expired", "ended a new MCP session during the call") from exc
         except TimeoutError as exc:
             raise SourceError("timeout", "did not answer in time") from exc
         except SourceError:
@@ -89,6 +111,21 @@ class McpSource:
         if getattr(result, "is_error", False):
             raise SourceError("upstream_error", f"reported an error from {tool}")
         return tool_payload(result, tool)
+
+    async def _call_in_session(self, tool: str, arguments: dict[str, Any]) -> Any:
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        watch = SessionWatch(self._get_stream)
+        try:
+            async with watch.http_client(self._timeout) as http:
+                transport = streamable_http_client(self.descriptor.url or "", http_client=http)
+                async with Client(transport, read_timeout_seconds=self._timeout) as client:
+                    return await client.call_tool(tool, arguments)
+        except Exception as exc:  # the SDK reports the 404 as an MCPError, possibly in a group
+            if watch.expired:
+                raise _SessionExpired from exc
+            raise
 
     async def _object(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         payload = await self._call(tool, arguments)
