@@ -245,7 +245,11 @@ class FakeGateway:
         if method in self.slow_methods:
             await asyncio.sleep(self.slow_methods[method])
         if method == "health":
-            payload: Any = {"ok": True, "ts": int(time.time() * 1000), "sessions": {"recent": list(self.health_sessions)}}
+            payload: Any = {
+                "ok": True,
+                "ts": int(time.time() * 1000),
+                "sessions": {"recent": list(self.health_sessions)},
+            }
         elif method == "chat.send":
             run_id = params["idempotencyKey"]
             if run_id not in self._runs:

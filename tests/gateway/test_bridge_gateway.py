@@ -78,7 +78,9 @@ async def test_capabilities_advertise_the_gateway_only_when_configured(bridge, t
         assert [p["providerId"] for p in caps["gatewayProviders"]] == ["openclaw"]
         assert all(p["providerId"] != "openclaw" for p in caps["providerCatalog"])
         tg.cancel_scope.cancel()
-    plain = convert({"workspaceRoots": [str(tmp_path)], "providers": {"knowledge": {"type": "knowledge"}}}, BridgeConfig)
+    plain = convert(
+        {"workspaceRoots": [str(tmp_path)], "providers": {"knowledge": {"type": "knowledge"}}}, BridgeConfig
+    )
     async with real_server(plain, build_app(plain)) as port, anyio.create_task_group() as tg:
         client = await Bridge(port).client("", tg)
         caps = (await client.call("acp.capabilities", {}))["result"]
@@ -366,7 +368,9 @@ def test_providers_lists_the_gateway(tmp_path):
     import subprocess
 
     cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(f"providers: {{}}\ngateway: {{url: 'ws://127.0.0.1:1', token: t0k3n-for-tests}}\ndataDir: {tmp_path}\n")
+    cfg.write_text(
+        f"providers: {{}}\ngateway: {{url: 'ws://127.0.0.1:1', token: t0k3n-for-tests}}\ndataDir: {tmp_path}\n"
+    )
     argv = [sys.executable, "-m", "bridge.cli", "providers", "--local", "--config", str(cfg)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.split()[:3] == ["openclaw", "OpenClaw", "gateway"] and out.split()[4] == "ok"
