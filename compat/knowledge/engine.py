@@ -5,7 +5,9 @@ Fan-out (field-failures #20): at most ``fanOut`` sources are asked at once, each
 ``budgetSeconds``; a slow or dead source becomes a per-source failure and never holds the others
 past its timeout. Results are listed in the order the sources were selected, whatever order they
 finished in. Each step is reported as it happens (``StatusEvent`` ``knowledge.<step>``) and kept in
-the artifact's ``steps``.
+the artifact's ``steps``. In an evidence-only turn each source's query also reads the pages behind
+its hits and reranks them (compat.knowledge.reading), within the same per-source timeout, so the
+answer quotes whole sentences of the sections that answer best (compat.knowledge.answers).
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -23,7 +25,7 @@ import anyio
 import msgspec
 
 from compat.base import StatusEvent, TextDelta, TurnError, TurnOutcome, TurnSink
-from compat.knowledge import answers
+from compat.knowledge import answers, reading
 from compat.knowledge import diagnostics as diag
 from compat.knowledge.errors import SourceError
 from compat.knowledge.evidence import Evidence, safe_path
@@ -66,6 +68,7 @@ class SourceResult(msgspec.Struct):
     error: SourceError | None = None
     latency_ms: int = 0
     skipped: bool = False
+    texts: dict[str, str] = msgspec.field(default_factory=dict)  # page id -> text read for the answer
 
 
 class Steps:
@@ -101,8 +104,16 @@ async def _ask(
     chosen = route_fixed or route(
         plan.intent, caps, source.descriptor, excluded_ids(plan.intent, source.descriptor.id, selected)
     )
-    payload = await source.context(turn.question, chosen.routed)
-    return SourceResult(source, payload, caps, chosen)
+    if plan.mode != "evidence-only":
+        return SourceResult(source, await source.context(turn.question, chosen.routed), caps, chosen)
+    limit = chosen.routed.limit
+    asked = msgspec.structs.replace(chosen.routed, limit=reading.pool(source.descriptor, limit))
+    payload = await source.context(turn.question, asked)
+    hits = reading.hits_of(payload)
+    texts = await reading.read_texts(source, hits, reading.reads(source.descriptor))
+    if hits:
+        payload = {**payload, "evidence": reading.rerank(turn.question, hits, texts)[:limit]}
+    return SourceResult(source, payload, caps, chosen, texts=texts)
 
 
 async def gather(
@@ -163,6 +174,7 @@ class KnowledgeTurn:
         self.evidence = Evidence()
         self.diagnostics: list[dict[str, Any]] = []
         self.source_steps: dict[str, dict[str, Any]] = {}
+        self.texts: dict[str, str] = {}  # citation id -> the section text read for an evidence-only answer
         self.usage: dict[str, int] = {}  # the runtime's token usage (delegated turns)
 
     async def run(self) -> TurnOutcome:
@@ -234,6 +246,7 @@ class KnowledgeTurn:
             return
         caps = result.caps or Capabilities()
         fresh = self.evidence.add(src, result.payload, caps.bundle)
+        self.texts.update({c["id"]: result.texts[c["pageId"]] for c in fresh if c["pageId"] in result.texts})
         refs = [
             {"id": c["id"], "title": c["title"], **({"path": p} if (p := safe_path(c.get("path"))) else {})}
             for c in fresh[:5]
@@ -274,14 +287,16 @@ class KnowledgeTurn:
         return text
 
     def _evidence_only(self, answered: int, failed: int, step_id: str = "bridge-evidence-only-answer") -> str:
-        text = answers.evidence_only(self.evidence.citations, answered, failed)
+        text = answers.evidence_only(self.turn.question, self.evidence.citations, self.texts, answered, failed)
+        read = f" read {len(self.texts)} section(s) and" if self.texts else ""
         self.steps.add(
             "answer",
             {
                 "id": step_id,
                 "label": "Answer from evidence",
                 "status": "done",
-                "detail": "Answered with the top evidence snippets and their citation anchors; no runtime was called.",
+                "detail": f"The bridge{read} answered with whole sentences of the best sections and their "
+                "citation anchors; no runtime was called.",
             },
         )
         return text

@@ -58,12 +58,17 @@ def _refs(item: dict[str, Any]) -> list[str]:
     return [str(r) for r in refs if isinstance(r, (str, int))][:SOURCE_REFS] if isinstance(refs, list) else []
 
 
+def local_id(item: dict[str, Any], index: int) -> str:
+    """An evidence item's page id as the source names it (its 1-based ``index`` when it has none)."""
+    return str(item.get("page_id") or item.get("pageId") or item.get("id") or item.get("path") or index)
+
+
 def citations_from(source_id: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """The citations of one context pack, ids prefixed with ``source_id``."""
     items = [i for key in ("evidence", "citations") for i in payload.get(key) or [] if isinstance(i, dict)]
     out = []
     for index, item in enumerate(items, start=1):
-        local = str(item.get("page_id") or item.get("pageId") or item.get("id") or item.get("path") or index)
+        local = local_id(item, index)
         citation: dict[str, Any] = {
             "id": local if local.startswith(f"{source_id}:") else f"{source_id}:{local}",
             "sourceId": source_id,

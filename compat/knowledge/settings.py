@@ -80,8 +80,14 @@ class RequestSourcesPolicy(Settings, frozen=True):
 
 
 class KnowledgeSettings(Settings, frozen=True):
-    """``knowledge:``. Times are seconds; ``fan_out`` is the number of sources asked at once."""
+    """``knowledge:``. Times are seconds; ``fan_out`` is the number of sources asked at once.
 
+    ``enabled: false`` turns the knowledge provider off: the embedded ``knowledge`` provider is
+    not added (with or without a ``providers:`` key) and ``type: knowledge`` entries are listed
+    but disabled (bridge.wiring.provider_configs).
+    """
+
+    enabled: bool = True
     runtime: RuntimeSettings = msgspec.field(default_factory=RuntimeSettings)
     fan_out: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4
     source_timeout_seconds: Seconds = 10.0

@@ -26,6 +26,7 @@ from tests.test_app_integration import config_dict
 
 pytestmark = pytest.mark.timeout(90)
 LABELS = {"codex": "Codex", "opencode": "OpenCode", "gemini": "Gemini", "hermes": "Hermes"}
+CATALOG = {**LABELS, "knowledge": "Knowledge"}  # the embedded knowledge provider stays beside a providers list
 APP_HEADERS = {  # GAC:512-555: no Origin, no subprotocol
     "Content-Type": "application/json; charset=utf-8",
     "Accept": "text/event-stream, application/json",
@@ -156,7 +157,7 @@ def test_capabilities_as_the_app_reads_them(client: TestClient) -> None:
     caps = app_post(client, "acp.capabilities", {}, "1718000000000000-capabilities-1").result
     catalog = caps.get("providerCatalog") or caps["capabilities"]["providerCatalog"]
     assert [(p["providerId"], p["label"], p["targets"], p["enabled"]) for p in catalog] == [
-        (pid, label, ["agent"], True) for pid, label in LABELS.items()
+        (pid, label, ["agent"], True) for pid, label in CATALOG.items()
     ]
     assert caps["singleAgent"] is True
     assert caps["availableExecutionTargets"] == ["agent"] and caps["gatewayProviders"] == []
@@ -319,5 +320,5 @@ def test_verify_remote_provider_contract(client: TestClient) -> None:
     assert reply["jsonrpc"] == "2.0" and isinstance(reply["result"], dict)
     catalog = reply["result"]["providerCatalog"] or reply["result"]["capabilities"]["providerCatalog"]
     assert [(p["providerId"], p["label"], p["targets"]) for p in catalog] == [
-        (pid, label, ["agent"]) for pid, label in LABELS.items()
+        (pid, label, ["agent"]) for pid, label in CATALOG.items()
     ]

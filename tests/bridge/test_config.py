@@ -101,7 +101,7 @@ def test_presets_merge_with_configured_entries(tmp_path):
     config = load_config(write(tmp_path, "providers:\n  codex: {}\n  gemini: {model: gemini-2.5-flash}\n"))
     entries, enabled = provider_configs(config)
     assert entries["codex"].command == "codex-acp" and entries["gemini"].args == ["--acp"]
-    assert entries["gemini"].model == "gemini-2.5-flash" and enabled == {"codex", "gemini"}
+    assert entries["gemini"].model == "gemini-2.5-flash" and enabled == {"codex", "gemini", "knowledge"}
 
 
 def test_a_null_in_a_preset_entry_turns_the_preset_value_off(tmp_path):

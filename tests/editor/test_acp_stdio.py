@@ -53,6 +53,7 @@ def config(tmp_path: Path) -> Path:
 
     data = {
         "workspaceRoots": [str(tmp_path)],
+        "knowledge": {"enabled": False},  # the fake agents are the providers
         "providers": {
             "echo": {"command": sys.executable, "args": [str(FAKE_AGENT), "--log", str(tmp_path / "echo.log")]},
             "slow": agent("slow"),

@@ -66,7 +66,8 @@ def run_session(tmp_path: Path) -> list[dict[str, Any]]:
         },
     }
     cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(yaml.safe_dump({"workspaceRoots": [str(tmp_path)], "providers": providers}))
+    knowledge = {"enabled": False}  # the fake agents are the providers
+    cfg.write_text(yaml.safe_dump({"workspaceRoots": [str(tmp_path)], "providers": providers, "knowledge": knowledge}))
     argv = [sys.executable, "-m", "bridge.cli", "acp-stdio", "--config", str(cfg), "--state-dir", str(tmp_path / "s")]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
     assert proc.stdin is not None and proc.stdout is not None

@@ -28,6 +28,7 @@ def config(tmp_path: Path, url: str, **gateway: Any) -> BridgeConfig:
         "workspaceRoots": [str(tmp_path)],
         "authTokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}],
         "providers": {},
+        "knowledge": {"enabled": False},  # the gateway is the only provider
         "gateway": {"url": url, "token": TOKEN, "connectTimeout": 3, **gateway},
         "timeouts": {"cancelGrace": 2},
         "dataDir": str(tmp_path / "data"),
@@ -369,7 +370,8 @@ def test_providers_lists_the_gateway(tmp_path):
 
     cfg = tmp_path / "bridge.yaml"
     cfg.write_text(
-        f"providers: {{}}\ngateway: {{url: 'ws://127.0.0.1:1', token: t0k3n-for-tests}}\ndataDir: {tmp_path}\n"
+        "providers: {}\nknowledge: {enabled: false}\n"
+        f"gateway: {{url: 'ws://127.0.0.1:1', token: t0k3n-for-tests}}\ndataDir: {tmp_path}\n"
     )
     argv = [sys.executable, "-m", "bridge.cli", "providers", "--local", "--config", str(cfg)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout

@@ -1,8 +1,9 @@
-"""Evidence packing, answer anchors and diagnostic sanitizing (no I/O)."""
+"""Evidence packing, answer anchors and diagnostic sanitizing (no I/O); the evidence-only answer's
+text is in test_answers."""
 
 from __future__ import annotations
 
-from compat.knowledge.answers import evidence_only, fallback_anchors, has_valid_anchor, top_citations
+from compat.knowledge.answers import fallback_anchors, has_valid_anchor
 from compat.knowledge.diagnostics import safe_text
 from compat.knowledge.evidence import Evidence, bundle_from, graph_from
 from compat.knowledge.settings import SourceDescriptor
@@ -67,42 +68,3 @@ def test_anchors_are_checked_and_appended_only_when_missing() -> None:
         "[4](#citation-4) [5](#citation-5) +2 more"
     )
     assert fallback_anchors("none", 0) == ""
-
-
-def test_evidence_only_answers_take_each_sources_best_first() -> None:
-    citations = [
-        {"sourceId": "a", "title": "A1", "snippet": "a1"},
-        {"sourceId": "a", "title": "A2", "snippet": "a2"},
-        {"sourceId": "b", "title": "B1", "snippet": "b1"},
-        {"sourceId": "a", "title": "A3", "snippet": "a3"},
-    ]
-    assert top_citations(citations) == [1, 3, 2]
-    answer = evidence_only(citations, answered=2, failed=1)
-    assert "**A1**: a1 [1](#citation-1)" in answer and "**B1**: b1 [3](#citation-3)" in answer
-    assert "A3" not in answer and "Source failures: 1 selected source(s)" in answer
-
-
-def test_a_snippet_cut_inside_a_code_span_gets_its_backtick_back() -> None:
-    citations = [
-        {"sourceId": "a", "title": "Start", "snippet": "…knowledge`, or on the command line with `chat`."},
-        {"sourceId": "b", "title": "End", "snippet": "set it in the file (`xworkmate-bridge.yaml…"},
-        {"sourceId": "c", "title": "Whole", "snippet": "don`t run `rm` here"},
-    ]
-    answer = evidence_only(citations, answered=3, failed=0)
-    assert "**Start**: …`knowledge`, or on the command line with `chat`. [1]" in answer
-    assert "**End**: set it in the file (`xworkmate-bridge.yaml`… [2]" in answer
-    assert "**Whole**: don`t run `rm` here [3]" in answer  # not cut: the source's own text
-    both = [{"sourceId": "d", "title": "Both", "snippet": "…Set `limits.maxSessions` then `serve --config /etc/x…"}]
-    assert "**Both**: …Set limits.maxSessions then serve --config /etc/x… [1]" in evidence_only(
-        both, 1, 0
-    )  # side unknown
-
-
-def test_an_answer_snippet_does_not_repeat_the_page_title_it_is_shown_under() -> None:
-    citations = [
-        {"sourceId": "a", "title": "Auth tokens", "snippet": "Auth tokens Set a token with BRIDGE_AUTH_TOKEN."},
-        {"sourceId": "b", "title": "Wombat", "snippet": "Wombat"},
-    ]
-    answer = evidence_only(citations, answered=2, failed=0)
-    assert "**Auth tokens**: Set a token with BRIDGE_AUTH_TOKEN. [1]" in answer
-    assert "**Wombat**: Wombat [2]" in answer  # nothing but the title: kept

@@ -13,6 +13,8 @@ import pytest
 from compat.base import StatusEvent, TurnEvent
 from compat.knowledge.runtime import SYSTEM_PROMPT, conversation
 from compat.knowledge.service import KnowledgeService
+from compat.knowledge.settings import DEFAULT_DOCS_ROOT
+from compat.knowledge.sources.base import RoutedRetrieval
 from tests.knowledge.conftest import RecordingSink, artifact_of
 from tests.knowledge.helpers import make_service, request, run, session_of, wiki_descriptor
 
@@ -25,12 +27,30 @@ async def test_the_embedded_default_answers_from_the_docs_with_citations() -> No
     async with KnowledgeService() as service:
         outcome, sink = await run(service, "how do I set an auth token?")
     artifact = artifact_of(outcome)
+    answer = artifact["answer"]
     assert outcome.status == "completed" and outcome.error is None
-    assert "".join(sink.deltas) == artifact["answer"]
+    assert "".join(sink.deltas) == answer
     assert artifact["orchestrationMode"] == "evidence-only"
-    assert artifact["citations"][0]["id"] == "bridge-docs:auth"
-    assert "BRIDGE_AUTH_TOKEN" in artifact["answer"] and "[1](#citation-1)" in artifact["answer"]
-    assert artifact["answer"].count("](#citation-") == 3
+    assert artifact["citations"][0]["id"] == "bridge-docs:docs/api/auth-and-origins"
+    assert artifact["citations"][0]["title"] == "docs/api.md › Auth and origins"
+    assert "\n\n**docs/api.md › Auth and origins**\n\n" in answer  # the heading on its own line
+    assert "BRIDGE_AUTH_TOKEN" in answer and "`Bearer <token>`" in answer  # how to set it, how clients send it
+    page = (DEFAULT_DOCS_ROOT / "docs/api/auth-and-origins.md").read_text()
+    quoted = answer.split("\n\n")[2].removeprefix("- ").removesuffix(" [1](#citation-1)")
+    assert quoted in " ".join(page.split())  # whole sentences of the section, as written
+    read = next(s for s in artifact["steps"] if s["id"] == "bridge-evidence-only-answer")
+    assert "read 8 section(s)" in read["detail"]
+
+
+async def test_an_evidence_only_turn_reranks_the_pages_it_read() -> None:
+    """The lexical rank alone puts Quick start first for this question (it quotes it as an example);
+    read and reranked, the section that answers it comes first, and the citations keep 8."""
+    async with KnowledgeService() as service:
+        outcome, _ = await run(service, "how do I set an auth token?")
+        hits = await service.source("bridge-docs").search("how do I set an auth token?", RoutedRetrieval(limit=8))
+    citations = artifact_of(outcome)["citations"]
+    assert hits[0]["page_id"] != "docs/api/auth-and-origins" and len(citations) == 8
+    assert citations[0]["pageId"] == "docs/api/auth-and-origins"
 
 
 async def test_an_evidence_only_turn_reports_each_step_then_the_answer() -> None:
