@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: run test bench soak agents llmwiki profile-tools install lint clean
+.PHONY: run test bench soak agents llmwiki profile-tools browser install lint clean
 
 install: $(STAMP)
 
@@ -31,8 +31,12 @@ llmwiki:
 profile-tools:
 	bash scripts/install-profile-tools.sh >/dev/null
 
+## browser: the system Chromium the settings-page test drives with Playwright (apt-get when missing)
+browser:
+	bash scripts/install-chromium.sh >/dev/null
+
 ## test: install everything and run every test (inside a loopback-only network namespace when root)
-test: install agents llmwiki profile-tools
+test: install agents llmwiki profile-tools browser
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
 ## lint: install the pinned linters and check the tree (ruff lint and format, pyright, the import layers)

@@ -4,7 +4,7 @@ Exit codes for ``call`` and ``chat``: 0 success, 1 a JSON-RPC error or a failed 
 or configuration error. For ``serve`` and ``acp-stdio``: 0 stopped (SIGTERM, SIGINT, end of
 input), 2 a configuration error (a public address with no token included), 3 ``serve`` cannot
 listen on its address (in use, not local, not permitted), 130 interrupted before it started. ``call`` prints one JSON envelope per line; ``chat`` prints the agent's text
-live and then one summary line.
+live and then one summary line (``--json``: the raw result instead).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -28,6 +27,7 @@ import msgspec
 import orjson
 
 from bridge import __version__
+from bridge.chat_view import ChatView, cited_sources, turn_summary
 from bridge.config import BridgeConfig, ConfigError, load_config
 
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -80,11 +80,13 @@ def build_app(config: BridgeConfig) -> Any:
     from bridge.wiring import build_orchestrator
 
     orch = build_orchestrator(config)
-    mcp = None
+    mcp = a2a = None
     if orch.knowledge is not None:
+        from bridge.a2a_server import create_a2a_app
         from bridge.mcp_server import create_mcp_app
 
         mcp = create_mcp_app(orch.knowledge)
+        a2a = create_a2a_app(orch.knowledge, config)
 
     requests = request_log(config)
 
@@ -108,7 +110,8 @@ def build_app(config: BridgeConfig) -> Any:
     ) -> AcpAgent:
         return AcpAgent(orch, principal, write, connection_id=connection_id, backlog=backlog)
 
-    app = create_app(config, build_dispatcher(orch, requests), lifespan=lifespan, mcp_app=mcp, editor=editor)
+    dispatcher = build_dispatcher(orch, requests)
+    app = create_app(config, dispatcher, lifespan=lifespan, mcp_app=mcp, editor=editor, a2a_app=a2a)
     app.on_stopping.append(lambda: orch.drain(config.timeouts.shutdown_grace))
 
     return app
@@ -210,10 +213,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
         params["model"] = args.model
 
     view = ChatView(sys.stdout, sys.stderr)
+    show = None if args.json else view.show
 
     async def run() -> dict[str, Any]:
         try:
-            return await call(args.url, "session.start", params, token=args.token, on_notification=view.show)
+            return await call(args.url, "session.start", params, token=args.token, on_notification=show)
         finally:  # the agent process should not outlive the command (it would idle for idleTimeout)
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await _quietly(
@@ -223,6 +227,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     started = time.monotonic()
     reply = anyio.run(run)
     seconds = time.monotonic() - started
+    if args.json:  # the raw result: the text with its anchors, and the artifacts
+        _print(reply.get("result", reply))
+        return 0 if _succeeded(reply) else 1
     view.close()
     if "error" in reply:
         _explain(reply["error"])
@@ -233,98 +240,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     summary = turn_summary(result, seconds)
     print(summary)
     return 0 if result.get("success") else 1
-
-
-class ChatView:
-    """What ``chat`` shows of a turn's updates: the agent's text on ``out`` as it streams,
-    progress lines on ``err`` (``[tool_call] Read file``); a ``waiting`` update is one line that
-    updates in place on a terminal (and goes once anything else arrives), a line each elsewhere."""
-
-    def __init__(self, out: Any, err: Any) -> None:
-        self._out, self._err = out, err
-        self._tty = bool(getattr(err, "isatty", lambda: False)())
-        self._waiting = False  # a waiting line is on the terminal
-        self._last_text = ""
-
-    def show(self, note: dict[str, Any]) -> None:
-        update = note.get("params") or {}
-        kind, event = update.get("type"), update.get("event")
-        if kind == "status" and event == "waiting":
-            line = f"[waiting] {update.get('message') or 'waiting'}"
-            if self._tty:
-                self._err.write(f"\r\x1b[K{line}")
-                self._waiting = True
-            else:
-                self._err.write(line + "\n")
-            self._err.flush()
-            return
-        if kind == "delta":
-            self._clear()
-            self._last_text = update.get("delta", "")
-            self._out.write(self._last_text)
-            self._out.flush()
-        elif kind in ("tool_call", "permission") or (kind == "status" and event == "started"):
-            self._clear()
-            title = (update.get("toolCall") or {}).get("title") or update.get("message") or kind
-            self._err.write(f"[{kind}] {title}\n")  # progress, kept off stdout
-            self._err.flush()
-
-    def close(self) -> None:
-        """End the output: the waiting line goes, the text ends with a newline."""
-        self._clear()
-        if self._last_text and not self._last_text.endswith("\n"):
-            self._out.write("\n")
-            self._out.flush()
-
-    def _clear(self) -> None:
-        if self._waiting:
-            self._err.write("\r\x1b[K")
-            self._err.flush()
-            self._waiting = False
-
-
-def cited_sources(result: dict[str, Any]) -> list[str]:
-    """``[n] title (sourceId: /pageId)`` for each ``[n](#citation-n)`` anchor in the output, from the
-    knowledge artifact's ``citations`` (docs/api.md "Knowledge sources"); a terminal cannot follow
-    the anchors."""
-    used = sorted({int(n) for n in re.findall(r"\]\(#citation-([0-9]{1,6})\)", str(result.get("output") or ""))})
-    artifacts = result.get("artifacts")
-    citations = (
-        next((a["citations"] for a in artifacts if isinstance(a, dict) and isinstance(a.get("citations"), list)), [])
-        if isinstance(artifacts, list)
-        else []
-    )
-    lines = []
-    for n in used:
-        if 1 <= n <= len(citations) and isinstance(citations[n - 1], dict):
-            c = citations[n - 1]
-            page = f"/{c['pageId']}" if c.get("pageId") else c.get("path")  # the path knowledge.read takes
-            where = ": ".join(str(x) for x in (c.get("sourceId"), page) if x)
-            lines.append(f"[{n}] {c.get('title') or c.get('id') or '?'}" + (f" ({where})" if where else ""))
-    return lines
-
-
-def turn_summary(result: dict[str, Any], seconds: float) -> str:
-    """``chat``'s closing line(s): ``[status] turnId=… provider=… seconds=…``, then the error's
-    code and message, its hint and the agent's ``authMethods`` when the result carries them."""
-    summary = (
-        f"[{result.get('status')}] turnId={result.get('turnId') or '-'} "
-        f"provider={result.get('resolvedProviderId') or result.get('resolvedGatewayProviderId') or '-'} "
-        f"seconds={seconds:.2f}"
-    )
-    if result.get("status") == "unavailable":
-        summary += f" {result.get('unavailableCode')}: {result.get('unavailableMessage')}"
-    elif isinstance(result.get("error"), dict):
-        error = result["error"]
-        summary += f" {error.get('code')}: {error.get('message')}"
-        data = error.get("data") if isinstance(error.get("data"), dict) else {}
-        if data.get("hint"):
-            summary += f"\nhint: {data['hint']}"
-        if isinstance(data.get("authMethods"), list) and data["authMethods"]:  # ids for providers.<id>.authMethod
-            summary += "\nauthMethods: " + ", ".join(
-                str(m.get("id", m) if isinstance(m, dict) else m) for m in data["authMethods"]
-            )
-    return summary
 
 
 async def _quietly(call: Any) -> None:
@@ -379,11 +294,12 @@ def cmd_providers(args: argparse.Namespace) -> int:
 
 
 def cmd_sources(args: argparse.Namespace) -> int:
-    """The configured knowledge sources and their status, read from the configuration (no server)."""
+    """The configured and registered knowledge sources and their status, read from the
+    configuration and the registry in the state directory (no server)."""
     from bridge.wiring import build_knowledge
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, {"stateDir": args.state_dir})
         knowledge = build_knowledge(config)
     except ConfigError as exc:
         print(f"xworkmate-bridge sources: {exc}", file=sys.stderr)
@@ -401,11 +317,14 @@ def cmd_sources(args: argparse.Namespace) -> int:
         if not entry["enabled"]:
             status = "disabled"
         elif not args.probe:
-            status = "configured"
+            status = "registered" if entry.get("registered") else "configured"
         else:
             status = "ready" if entry["ready"] else f"not ready ({entry.get('reason') or 'unknown'})"
         pages = f"  {entry['pageCount']} pages" if entry.get("pageCount") is not None else ""
         print(f"{entry['id']:<20} {entry['label'][:24]:<24} {entry['protocol']:<14} {status}{pages}")
+    registry = knowledge.registry
+    for source_id, reason in (registry.blocked if registry is not None else {}).items():
+        print(f"{source_id:<20} {'':<24} {'':<14} registered, not used ({reason})")
     return 0
 
 
@@ -456,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", help="model to apply, when the agent supports choosing one")
     p.add_argument("--cwd", help="the agent's working directory (inside the bridge's workspaceRoots)")
+    p.add_argument(
+        "--json", action="store_true", help="print the turn's result as JSON (text, anchors, artifacts) instead"
+    )
     client_options(p)
     p.set_defaults(func=cmd_chat)
 
@@ -466,10 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.set_defaults(func=cmd_providers)
 
-    p = sub.add_parser("sources", help="list the knowledge sources of the configuration and their status")
+    p = sub.add_parser("sources", help="list the configured and registered knowledge sources and their status")
     p.add_argument("--probe", action="store_true", help="ask each source what it can do (a network call per source)")
     p.add_argument("--json", action="store_true", help="print the knowledge.sources result as JSON")
     p.add_argument("--config", help=config_help)
+    p.add_argument("--state-dir", help="where the source registry is kept (default: the config's stateDir)")
     p.set_defaults(func=cmd_sources)
     return parser
 

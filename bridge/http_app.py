@@ -42,6 +42,7 @@ from bridge.rpc import codec
 from bridge.rpc.codec import Frame, parse_frame
 from bridge.rpc.errors import InvalidRequest, LimitReached, NotFound, OriginNotAllowed, ParseError, Unauthorized
 from bridge.rpc.stream import EnvelopeStream
+from bridge.settings_page import settings_routes
 from bridge.ws import AcpWebSocket, deny
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ def create_app(
     bind_host: str | None = None,
     mcp_app: Any = None,
     editor: WsEditorFactory | None = None,
+    a2a_app: Any = None,
 ) -> BridgeApp:
     """Build the bridge's ASGI app.
 
@@ -81,6 +83,8 @@ def create_app(
         mcp_app: an ASGI app served at ``/mcp`` behind the same origin and token checks.
         editor: builds the ACP agent for a WebSocket whose first message is an ACP
             ``initialize`` (docs/api.md "Editor mode").
+        a2a_app: the A2A surface (``bridge.a2a_server.A2AApp``): its agent card is public, its
+            other routes behind the same origin and token checks.
     """
     auth = Authenticator.from_config(config, bind_host=bind_host)
     origins = OriginPolicy(config.allowed_origins)
@@ -102,6 +106,10 @@ def create_app(
     ]
     if mcp_app is not None:
         routes.append(Route("/mcp", Guarded(mcp_app, auth, origins, connections), methods=["GET", "POST", "DELETE"]))
+    if a2a_app is not None:
+        routes.extend(a2a_app.routes(lambda inner: Guarded(inner, auth, origins, connections)))
+    limit = config.limits.max_message_bytes  # GET /settings and its REST routes:
+    routes.extend(settings_routes(dispatcher, lambda inner: Guarded(inner, auth, origins, connections), limit))
     handlers = {404: _http_error, 405: _http_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=rpc.lifespan(lifespan))
     app.router.redirect_slashes = False  # "/acp/rpc/" is 404 like any other path, not a redirect
@@ -380,7 +388,8 @@ class RpcEndpoint:
 
 
 class Guarded:
-    """Wraps an ASGI app with the bridge's origin (403, -32003) and token (401, -32001) checks."""
+    """Wraps an ASGI app with the bridge's origin (403, -32003) and token (401, -32001) checks;
+    the principal goes to the wrapped app as ``scope["state"]["principal"]``."""
 
     def __init__(self, app: Any, auth: Authenticator, origins: OriginPolicy, connections: ConnectionGuard) -> None:
         self._app, self._auth, self._origins, self._connections = app, auth, origins, connections
@@ -392,11 +401,12 @@ class Guarded:
             response = rejection(403, OriginNotAllowed(f"origin not allowed: {origin}"[:300]))
         else:
             try:
-                self._auth.authenticate(request.headers.get("authorization"))
+                principal = self._auth.authenticate(request.headers.get("authorization"))
             except Unauthorized as exc:
                 response = rejection(401, exc, {"WWW-Authenticate": "Bearer"})
             else:
                 self._connections.authenticated(scope.get("client"))
+                scope.setdefault("state", {})["principal"] = principal  # the A2A tasks' owner
                 await self._app(scope, receive, send)
                 return
         await response(scope, receive, send)

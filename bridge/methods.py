@@ -22,7 +22,7 @@ import msgspec
 
 from bridge.dispatch import CallContext, Dispatcher, Method, Observer
 from bridge.logs import RECENT
-from bridge.rpc.errors import NotFound
+from bridge.rpc.errors import NotFound, Unauthorized
 from compat.params import validated
 from orchestrator.results import (
     AcceptedResult,
@@ -33,6 +33,7 @@ from orchestrator.results import (
     GatewayError,
     GatewayRequestResult,
     KnowledgeReadResult,
+    KnowledgeRegistryResult,
     KnowledgeSourcesResult,
     ResolveResult,
     SessionListResult,
@@ -47,6 +48,7 @@ from orchestrator.service import Orchestrator
 from orchestrator.sessions import StreamListener
 
 if TYPE_CHECKING:
+    from compat.knowledge.registry import KnowledgeRegistry
     from compat.knowledge.service import KnowledgeService
 
 
@@ -217,6 +219,46 @@ async def knowledge_read(orch: Orchestrator, params: Any, ctx: CallContext) -> K
     return msgspec.convert(node, KnowledgeReadResult)
 
 
+async def knowledge_sources_add(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeRegistryResult:
+    return msgspec.convert(await _registry(orch, ctx).add(params.source, params.probe), KnowledgeRegistryResult)
+
+
+async def knowledge_sources_update(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeRegistryResult:
+    view = await _registry(orch, ctx).update(params.source_id, params.source, params.probe)
+    return msgspec.convert(view, KnowledgeRegistryResult)
+
+
+async def knowledge_sources_remove(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeRegistryResult:
+    return msgspec.convert(await _registry(orch, ctx).remove(params.source_id), KnowledgeRegistryResult)
+
+
+async def knowledge_sources_select(orch: Orchestrator, params: Any, ctx: CallContext) -> KnowledgeRegistryResult:
+    registry = _registry(orch, ctx)
+    if params.runtime_given:
+        runtime = params.runtime.model_dump() if params.runtime is not None else None
+        view = await registry.select(params.source_ids, runtime)
+    else:
+        view = await registry.select(params.source_ids)
+    return msgspec.convert(view, KnowledgeRegistryResult)
+
+
+def _registry(orch: Orchestrator, ctx: CallContext) -> KnowledgeRegistry:
+    """The source registry, for an admin only: a registered source makes the bridge fetch a URL
+    or read a folder.
+
+    Raises:
+        Unauthorized: -32001 with ``data.reason: ADMIN_REQUIRED``, the caller is not in
+            ``adminPrincipals``.
+        NotFound: -32004, this bridge has no knowledge service.
+    """
+    if ctx.principal not in orch.admin_principals:
+        raise Unauthorized("only adminPrincipals may use the knowledge source registry", reason="ADMIN_REQUIRED")
+    registry = _knowledge(orch).registry
+    if registry is None:
+        raise NotFound("this bridge keeps no knowledge source registry")
+    return registry
+
+
 def _knowledge(orch: Orchestrator) -> KnowledgeService:
     if orch.knowledge is None:
         raise NotFound("no knowledge sources are configured")
@@ -227,6 +269,7 @@ def _knowledge(orch: Orchestrator) -> KnowledgeService:
 
 _MODELS = "orchestrator.models"
 _KNOWLEDGE = "compat.knowledge.params"
+_REGISTRY = "compat.knowledge.registry_params"
 _TURN = Params(_MODELS, "TurnParams")
 _SESSION = Params(_MODELS, "SessionRef")
 _GATEWAY = Params(_MODELS, "GatewayParams")
@@ -262,6 +305,34 @@ METHODS: tuple[MethodSpec, ...] = (
         inline=False,
     ),
     MethodSpec("knowledge.read", knowledge_read, Params(_KNOWLEDGE, "ReadParams"), KnowledgeReadResult, inline=False),
+    MethodSpec(
+        "knowledge.sources.add",
+        knowledge_sources_add,
+        Params(_REGISTRY, "SourceAddParams"),
+        KnowledgeRegistryResult,
+        inline=False,
+    ),
+    MethodSpec(
+        "knowledge.sources.update",
+        knowledge_sources_update,
+        Params(_REGISTRY, "SourceUpdateParams"),
+        KnowledgeRegistryResult,
+        inline=False,
+    ),
+    MethodSpec(
+        "knowledge.sources.remove",
+        knowledge_sources_remove,
+        Params(_REGISTRY, "SourceRemoveParams"),
+        KnowledgeRegistryResult,
+        inline=False,
+    ),
+    MethodSpec(
+        "knowledge.sources.select",
+        knowledge_sources_select,
+        Params(_REGISTRY, "SourceSelectParams"),
+        KnowledgeRegistryResult,
+        inline=False,
+    ),
 )
 """Every wire method, in the order ``acp.capabilities`` lists them."""
 

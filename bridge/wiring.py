@@ -20,6 +20,7 @@ from bridge.methods import METHOD_NAMES
 from bridge.rpc.redact import register_secret
 from compat.acp.capacity import AgentCapacity
 from compat.base import ProviderAdapter
+from compat.knowledge.registry import KnowledgeRegistry
 from compat.knowledge.service import KnowledgeService
 from compat.process.descendants import reap_orphans_forever
 from compat.profile.adapter import ProfileAdapter
@@ -28,24 +29,36 @@ from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
 from orchestrator.store import Retention, SqliteStore
 
+KNOWLEDGE_ID = "knowledge"  # the embedded knowledge provider's id
+
 
 def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], set[str]]:
     """The effective provider entries and the ids that are enabled.
 
-    With no ``providers`` key: every ACP preset, plus the embedded ``knowledge`` provider.
+    With no ``providers`` key: every ACP preset; with one, the entries it lists. Either way the
+    embedded ``knowledge`` provider is added (all knowledge sources, no server or key needed)
+    unless the id ``knowledge`` is taken by an entry or a profile, or ``knowledge.enabled`` is
+    false, which also leaves every ``type: knowledge`` entry listed but disabled.
     """
     from compat.acp.presets import PRESETS
 
     if config.providers is None:
-        entries = {**PRESETS, "knowledge": ProviderConfig(type="knowledge", label="Knowledge")}
-        return entries, set(entries)
-    if problems := provider_problems(config.providers):  # load_config reports them; a config built in code too
-        raise ConfigError("\n".join(problems))
-    entries: dict[str, ProviderConfig] = {}
-    for provider_id, entry in config.providers.items():
-        assert entry is not None  # BridgeConfig.__post_init__
-        entries[provider_id] = entry
-    return entries, {i for i, e in entries.items() if e.enabled}
+        entries: dict[str, ProviderConfig] = dict(PRESETS)
+        enabled = set(entries)
+    else:
+        if problems := provider_problems(config.providers):  # load_config reports them; a config built in code too
+            raise ConfigError("\n".join(problems))
+        entries = {}
+        for provider_id, entry in config.providers.items():
+            assert entry is not None  # BridgeConfig.__post_init__
+            entries[provider_id] = entry
+        enabled = {i for i, e in entries.items() if e.enabled}
+    if not config.knowledge.enabled:
+        return entries, {i for i in enabled if entries[i].type != "knowledge"}
+    if KNOWLEDGE_ID not in entries and KNOWLEDGE_ID not in config.profiles:
+        entries[KNOWLEDGE_ID] = ProviderConfig(type="knowledge", label="Knowledge")
+        enabled.add(KNOWLEDGE_ID)
+    return entries, enabled
 
 
 def build_adapter(
@@ -73,10 +86,13 @@ def build_adapter(
 
 
 def build_knowledge(config: BridgeConfig) -> KnowledgeService:
+    """The knowledge service of ``config``, with the source registry kept in ``stateDir``."""
     try:
-        return KnowledgeService(config.knowledge, config.knowledge_sources, config.roots())
+        knowledge = KnowledgeService(config.knowledge, config.knowledge_sources, config.roots())
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    KnowledgeRegistry.attach(knowledge, config.state_path())
+    return knowledge
 
 
 def build_orchestrator(config: BridgeConfig) -> Orchestrator:

@@ -314,6 +314,17 @@ class KnowledgeSourcesResult(Result, frozen=True):
     probed: bool
 
 
+class KnowledgeRegistryResult(Result, frozen=True):
+    """``knowledge.sources.add|update|remove|select``: the registered sources as an admin sees
+    them (``{id, label, protocol, url | root, capabilities, enabled, usable, reason?}``), the
+    runtime connection (``{origin, baseUrl, model, apiKeyConfigured, timeoutSeconds}``: never the
+    key) and, for add and update, that ``source`` with its probe ``status``."""
+
+    sources: list[dict[str, Any]]
+    runtime: dict[str, Any]
+    source: dict[str, Any] | UnsetType = UNSET
+
+
 class KnowledgeReadResult(Result, frozen=True):
     """``knowledge.read``: one node of a source's tree and its ``children`` (progressive
     disclosure)."""

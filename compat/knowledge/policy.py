@@ -74,6 +74,25 @@ def _check_root(desc: SourceDescriptor, field: str, roots: Sequence[Path]) -> So
     return msgspec.structs.replace(desc, root=str(real))
 
 
+def check_registered(
+    desc: SourceDescriptor, field: str, policy: RequestSourcesPolicy, roots: Sequence[Path]
+) -> SourceDescriptor:
+    """A registered source (``knowledge.sources.add|update``) under the request-source URL and
+    root rules; ``enabled`` and ``protocols`` do not apply (only adminPrincipals register).
+
+    Returns:
+        ``desc``, a ``local-wiki`` root resolved.
+
+    Raises:
+        InvalidParams: -32602 (SOURCE_URL_INVALID, SOURCE_URL_CREDENTIALS,
+            SOURCE_ORIGIN_NOT_ALLOWED, SOURCE_ROOT_NOT_ALLOWED).
+    """
+    if desc.protocol == "local-wiki":
+        return _check_root(desc, f"{field}.root", roots)
+    _check_url(desc, f"{field}.url", policy)
+    return desc
+
+
 def request_sources(
     raw: list[dict[str, Any]], policy: RequestSourcesPolicy, roots: Sequence[Path]
 ) -> list[SourceDescriptor]:

@@ -70,6 +70,8 @@ class KnowledgeService:
         self._sources: dict[str, KnowledgeSource] = {}
         self.runtime_pool = RuntimeClient()  # one HTTP pool for every delegated turn's model call
         self._caps: dict[tuple[str, str, str], tuple[float, Capabilities]] = {}
+        self.registry: Any = None  # the KnowledgeRegistry attached to it (compat.knowledge.registry)
+        self._retired: list[KnowledgeSource] = []  # replaced while a turn may still use them
 
     async def __aenter__(self) -> KnowledgeService:
         return self
@@ -127,6 +129,13 @@ class KnowledgeService:
         if caps.error is None:
             self._caps[key] = (time.monotonic(), caps)
         return caps
+
+    def forget(self, source_id: str) -> None:
+        """Drop the source object and capabilities of ``source_id`` (its descriptor changed or
+        went); the object is closed with the service, since a running turn may hold it."""
+        if (source := self._sources.pop(source_id, None)) is not None:
+            self._retired.append(source)
+        self._caps = {key: value for key, value in self._caps.items() if key[0] != source_id}
 
     # ---- turns ----------------------------------------------------------------------------------
 
@@ -231,6 +240,7 @@ class KnowledgeService:
                     "ready": False,
                     "capabilities": list(desc.capabilities),
                     "capabilityOrigin": "descriptor",
+                    "registered": self.registry is not None and desc.id in self.registry.usable,
                 }
             )
 
@@ -336,7 +346,8 @@ class KnowledgeService:
     async def aclose(self) -> None:
         """Close every source object and the runtime's pool (bounded, shielded)."""
         await self.runtime_pool.aclose()
-        sources, self._sources = list(self._sources.values()), {}
+        sources, self._sources = [*self._sources.values(), *self._retired], {}
+        self._retired = []
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             for source in sources:
                 try:
