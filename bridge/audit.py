@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import os
 import queue
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,25 @@ MAX_IO_LINE = 4 * 1024 * 1024
 """Bytes of one I/O log line at most; a larger exchange is logged cut, marked ``truncated``."""
 
 _ERROR_NAMES = {cls.code: cls.name for cls in RPC_ERRORS}
+_SECRET_KEY = re.compile(r"(?i)(api[_-]?key|token|password|secret|authorization)")
+"""Keys whose values the I/O log never writes, whatever the value (a key not yet known to the
+redactor, such as one in a request that failed before the bridge stored it)."""
+
+
+def masked(value: Any, depth: int = 0) -> Any:
+    """``value`` with every string under a secret-looking key replaced by ``[REDACTED]``."""
+    if depth > 64:
+        return None
+    if isinstance(value, dict):
+        return {
+            k: "[REDACTED]"
+            if isinstance(k, str) and _SECRET_KEY.search(k) and isinstance(v, str)
+            else masked(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [masked(v, depth + 1) for v in value]
+    return value
 
 
 class JsonlWriter:
@@ -124,7 +144,7 @@ class RequestLog:
             self.audit.write(record)
         if self.io is not None:
             result = msgspec.to_builtins(reply.result) if reply is not None and error is None else None
-            exchange = {"params": request.params, "result": result, "error": error}
+            exchange = {"params": masked(request.params), "result": masked(result), "error": error}
             text = redact(orjson.dumps(exchange, default=str).decode())
             record = {"ts": ts, "method": request.method[:200], "principal": principal}
             if len(text) > MAX_IO_LINE:

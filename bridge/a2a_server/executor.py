@@ -40,6 +40,7 @@ from compat.base import TextDelta, TurnEvent
 
 log = logging.getLogger(__name__)
 MAX_TASKS = 1000
+MAX_TASKS_PER_PRINCIPAL = 100
 """Tasks kept for ``GetTask`` / ``SubscribeToTask``; the oldest is forgotten first."""
 ANSWER = "answer"
 
@@ -158,22 +159,29 @@ class _Principal(User):
 
 
 class BoundedTaskStore(TaskStore):
-    """The SDK's in-memory task store, forgetting the oldest task past ``limit``.
+    """The SDK's in-memory task store, forgetting the oldest task past ``limit``, and a
+    principal's own oldest past ``per_principal`` (so one token cannot push out another's tasks).
 
     Args:
         limit: tasks kept, over every principal.
+        per_principal: tasks kept per principal.
     """
 
-    def __init__(self, limit: int = MAX_TASKS) -> None:
+    def __init__(self, limit: int = MAX_TASKS, per_principal: int = MAX_TASKS_PER_PRINCIPAL) -> None:
         self._store = InMemoryTaskStore()
         self._order: OrderedDict[tuple[str, str], ServerCallContext] = OrderedDict()
         self._limit = limit
+        self._per_principal = per_principal
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        key = (context.user.user_name, task.id)
+        principal = context.user.user_name
+        key = (principal, task.id)
         await self._store.save(task, context)
         if key not in self._order:
             self._order[key] = context
+            mine = [k for k in self._order if k[0] == principal]
+            for old in mine[: max(0, len(mine) - self._per_principal)]:
+                await self._store.delete(old[1], self._order.pop(old))
             while len(self._order) > self._limit:
                 (_, old_id), old_context = self._order.popitem(last=False)
                 await self._store.delete(old_id, old_context)

@@ -41,6 +41,10 @@ T = TypeVar("T")
 SUMMARY_FILL = 16
 
 
+MAX_RUNNING_TURNS = 128
+"""Knowledge turns running at once, from every surface (the default ``maxRunningTurns``)."""
+
+
 class KnowledgeService:
     """The knowledge sources of one bridge.
 
@@ -69,6 +73,7 @@ class KnowledgeService:
             self.descriptors[desc.id] = desc
         self._sources: dict[str, KnowledgeSource] = {}
         self.runtime_pool = RuntimeClient()  # one HTTP pool for every delegated turn's model call
+        self.turn_slots = anyio.CapacityLimiter(MAX_RUNNING_TURNS)
         self._caps: dict[tuple[str, str, str], tuple[float, Capabilities]] = {}
         self.registry: Any = None  # the KnowledgeRegistry attached to it (compat.knowledge.registry)
         self._retired: list[KnowledgeSource] = []  # replaced while a turn may still use them
@@ -214,15 +219,22 @@ class KnowledgeService:
     async def run_turn(
         self, extra: dict[str, Any], turn: TurnInput, sink: TurnSink, provider_sources: Sequence[str] | None = None
     ) -> TurnOutcome:
-        """Run one knowledge turn. Never raises for params or source failures: they are outcomes."""
-        try:
-            plan = await self.plan(extra, provider_sources)
-        except RpcError as exc:
-            return TurnOutcome("failed", stop_reason="error", error=TurnError(exc.name, exc.message, exc.data or None))
-        try:
-            return await KnowledgeTurn(plan, turn, self.settings, self.capabilities, sink, self.runtime_pool).run()
-        finally:
-            await self.release(plan)
+        """Run one knowledge turn. Never raises for params or source failures: they are outcomes.
+
+        At most :data:`MAX_RUNNING_TURNS` run at once, whoever asks (a ``session.start``, which
+        ``maxRunningTurns`` also bounds, the A2A surface, the MCP ``llmwiki_agent_run`` tool,
+        which it does not); the others wait for a slot.
+        """
+        async with self.turn_slots:
+            try:
+                plan = await self.plan(extra, provider_sources)
+            except RpcError as exc:
+                error = TurnError(exc.name, exc.message, exc.data or None)
+                return TurnOutcome("failed", stop_reason="error", error=error)
+            try:
+                return await KnowledgeTurn(plan, turn, self.settings, self.capabilities, sink, self.runtime_pool).run()
+            finally:
+                await self.release(plan)
 
     # ---- sources listing and tree reads ---------------------------------------------------------
 

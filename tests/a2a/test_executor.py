@@ -44,6 +44,18 @@ async def test_the_task_store_forgets_the_oldest_task_past_its_limit() -> None:
     assert await store.get("t3", bob) is None  # another principal's task
 
 
+async def test_one_principal_cannot_push_out_anothers_tasks() -> None:
+    from bridge.a2a_server.executor import BoundedTaskStore
+
+    store = BoundedTaskStore(limit=10, per_principal=2)
+    alice, bob = context("alice"), context("bob")
+    await store.save(task("a1"), alice)
+    for i in range(5):
+        await store.save(task(f"b{i}"), bob)
+    assert await store.get("a1", alice) is not None  # bob's flood evicted only bob's own tasks
+    assert [i for i in range(5) if await store.get(f"b{i}", bob)] == [3, 4]
+
+
 class Recorder:
     """Stands in for the SDK's ``TaskUpdater``: records each ``add_artifact``."""
 

@@ -71,3 +71,13 @@ async def test_one_audit_line_per_request_with_no_prompt_or_token_and_an_io_log_
     assert PROMPT in exchanges and TOKEN not in exchanges  # the prompt kept, the token redacted
     for path in (audit, io):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_the_io_log_never_writes_a_value_under_a_secret_looking_key():
+    from bridge.audit import masked
+
+    params = {"runtime": {"baseUrl": "ftp://x/", "apiKey": "zzKEYfailed12345", "maxTokens": 5}, "token": "t0k"}
+    assert masked(params) == {
+        "runtime": {"baseUrl": "ftp://x/", "apiKey": "[REDACTED]", "maxTokens": 5},
+        "token": "[REDACTED]",
+    }

@@ -136,3 +136,21 @@ async def test_every_model_call_of_a_service_shares_one_connection_pool(runtime)
             outcome, _ = await run(service, QUESTION, orchestrationMode="delegated-runtime")
             assert outcome.status == "completed"
     assert len(fake.requests) == 3 and len(fake.peers) == 1  # one kept-alive connection, not three
+
+
+async def test_knowledge_turns_from_every_surface_share_one_bound_on_running_turns():
+    import anyio
+
+    from compat.knowledge.settings import SourceDescriptor
+
+    from .servers import SlowSources
+
+    slow = SlowSources(delays={"s": 0.3})
+    with ThreadedServer(slow.app()) as server:
+        sources = [SourceDescriptor(id="s", protocol="llmwiki-http", url=server.url + "/s")]
+        async with make_service(sources) as service:
+            service.turn_slots = anyio.CapacityLimiter(1)  # MAX_RUNNING_TURNS, made small
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):  # as the A2A surface and the MCP tool call it: no orchestrator
+                    tg.start_soon(run, service, QUESTION)
+    assert slow.max_in_flight == 1 and len([c for c in slow.calls if c.endswith("/query")]) == 3
