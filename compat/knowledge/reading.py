@@ -53,6 +53,13 @@ async def read_texts(source: KnowledgeSource, hits: list[dict[str, Any]], count:
     A page that is missing, unreadable or of an unsupported protocol (A2A) is left out; the
     caller bounds the whole call (the source's timeout).
     """
+    ids = [local_id(hit, index) for index, hit in enumerate(hits[:count], start=1)]
+    bulk = getattr(source, "read_texts", None)  # a local wiki reads them all in one go
+    if bulk is not None:
+        try:
+            return await bulk(ids, READ_CHARS)
+        except SourceError:
+            return {}
     texts: dict[str, str] = {}
     limiter = anyio.CapacityLimiter(READ_CONCURRENCY)
 
@@ -67,8 +74,8 @@ async def read_texts(source: KnowledgeSource, hits: list[dict[str, Any]], count:
             texts[page_id] = text
 
     async with anyio.create_task_group() as tg:
-        for index, hit in enumerate(hits[:count], start=1):
-            tg.start_soon(one, local_id(hit, index))
+        for page_id in ids:
+            tg.start_soon(one, page_id)
     return texts
 
 

@@ -63,6 +63,10 @@ def _hit(page: Page, score: float, snippet: str, route: str) -> dict[str, Any]:
     }
 
 
+GRAPH_SEEDS = 8
+"""Hits whose graph neighbourhood a context pack carries."""
+
+
 class LocalWikiSource:
     """A ``local-wiki`` source over ``descriptor.root``.
 
@@ -174,7 +178,9 @@ class LocalWikiSource:
         limitations = [] if evidence else ["No matching page was found."]
         if total > servable:
             limitations.append(f"{total - servable} draft page(s) were withheld.")
-        seeds = [f"page:{e['page_id']}" for e in evidence if "page_id" in e]
+        # the graph around the best hits only: an evidence-only turn asks for 32 hits to rerank
+        # (compat.knowledge.reading), and the neighbourhood of all of them doubled a turn's time
+        seeds = [f"page:{e['page_id']}" for e in evidence[:GRAPH_SEEDS] if "page_id" in e]
         near = neighborhood(graph, seeds, 1, "both", CONTEXT_GRAPH_LIMIT) if seeds else {"nodes": [], "edges": []}
         return {
             "query": question,
@@ -228,6 +234,21 @@ class LocalWikiSource:
 
     async def read_page(self, page_id: str, options: dict[str, Any]) -> dict[str, Any] | None:
         return await self._call(self._read, page_id, options)
+
+    def _texts(self, page_ids: list[str], max_chars: int) -> dict[str, str]:
+        texts = {}
+        for page_id in page_ids:
+            page = self._index.get(page_id.strip("/"))
+            if page is not None and page.body.strip():
+                texts[page_id] = page.body[:max_chars]
+        return texts
+
+    async def read_texts(self, page_ids: list[str], max_chars: int) -> dict[str, str]:
+        """``{page id: its Markdown body, cut at max_chars}`` of the pages that exist, in one
+        thread hop: an evidence-only turn reads a local wiki's best 32 pages (compat.knowledge.reading),
+        and ``read_page`` per page, with its links walked over every edge of the graph, made a
+        turn over four 2,000-page wikis take 0.87 s (bench case 7, target 50 ms)."""
+        return await self._call(self._texts, page_ids, max_chars)
 
     def _graph_view(self, limit: int) -> dict[str, Any]:
         _, graph = self._snapshot()
