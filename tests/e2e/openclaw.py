@@ -10,7 +10,7 @@ package's own ``docs/gateway/embedding.md``).
 Usage::
 
     from tests.e2e.openclaw import OpenClawGateway, openclaw_paths
-    if openclaw_paths() is None: pytest.skip("openclaw not installed (make agents)")
+    assert openclaw_paths() is not None, "run `make agents` (it installs Node 24 and openclaw)"
     with FakeLLM() as llm, OpenClawGateway(llm.base_url, tmp_path, auth="token", secret="t0k") as gw:
         ... connect a WebSocket client to gw.url (ws://127.0.0.1:PORT) ...
         gw.kill(); gw.start()          # crash + restart on the same port and state dir
