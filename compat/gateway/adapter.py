@@ -44,6 +44,7 @@ from compat.gateway import protocol as wire
 from compat.gateway.client import GatewayClient
 from compat.gateway.protocol import GatewayError
 from compat.gateway.settings import GatewaySettings
+from compat.knowledge.shapes import as_dict  # gateway payloads are read defensively, as knowledge ones
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class _Run:
 
     def _agent(self, payload: dict[str, Any]) -> None:
         stream = payload.get("stream")
-        data = wire.obj(payload.get("data"))
+        data = as_dict(payload.get("data"))
         if stream == "usage":
             usage = {k: v for k, v in data.items() if k in _USAGE_KEYS and isinstance(v, int)}
             if usage:
@@ -229,7 +230,7 @@ class _Run:
                 call["rawInput"] = data["args"]
             if phase == "result":
                 call["status"] = "failed" if data.get("isError") else "completed"
-                result = wire.obj(data.get("result"))
+                result = as_dict(data.get("result"))
                 text = wire.message_text(result)
                 if text:
                     call["content"] = [{"type": "content", "content": {"type": "text", "text": text[:4000]}}]
@@ -333,7 +334,7 @@ class GatewaySession:
         if not run.terminal.is_set():
             with anyio.move_on_after(LATE_EVENTS_WAIT):
                 await run.terminal.wait()
-        reply = wire.obj(waited.get("terminalReply"))
+        reply = as_dict(waited.get("terminalReply"))
         if isinstance(text := reply.get("text"), str):
             run.extend(text)  # what the events missed (a reconnect meanwhile)
         status = waited.get("status")

@@ -44,6 +44,7 @@ from compat.gateway import protocol as wire
 from compat.gateway.identity import DeviceIdentity, DeviceTokens, IdentityError
 from compat.gateway.protocol import Backoff, Credentials, GatewayError
 from compat.gateway.settings import GatewaySettings
+from compat.knowledge.shapes import as_dict  # gateway payloads are read defensively, as knowledge ones
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class GatewayClient:
 
     def granted_scopes(self) -> list[str]:
         """The scopes ``hello-ok`` granted (strings only, whatever the gateway sent)."""
-        scopes = wire.obj(wire.obj(self.hello).get("auth")).get("scopes")
+        scopes = as_dict(as_dict(self.hello).get("auth")).get("scopes")
         return [x for x in scopes if isinstance(x, str)][:50] if isinstance(scopes, list) else []
 
     def snapshot(self) -> dict[str, Any]:
@@ -240,7 +241,7 @@ class GatewayClient:
             "reconnectAttempt": self.attempts,
         }
         if self.hello:
-            server = wire.obj(self.hello.get("server"))
+            server = as_dict(self.hello.get("server"))
             version = server.get("version")
             snap["serverName"] = f"OpenClaw {version if isinstance(version, str) else ''}".strip()[:200]
             snap["authRole"] = wire.ROLE
@@ -414,7 +415,7 @@ class GatewayClient:
         return params
 
     def _accept_hello(self, hello: dict[str, Any], credentials: Credentials) -> None:
-        auth = wire.obj(hello.get("auth"))
+        auth = as_dict(hello.get("auth"))
         token = auth.get("deviceToken")
         self.returned_device_token = isinstance(token, str) and bool(token)
         if isinstance(token, str) and token and token != credentials.device_token:
@@ -440,7 +441,7 @@ class GatewayClient:
 
     def _tick_interval(self) -> float:
         """``policy.tickIntervalMs`` in seconds, within 1 s to 10 min (30 s when absent)."""
-        ms = wire.obj((self.hello or {}).get("policy")).get("tickIntervalMs")
+        ms = as_dict((self.hello or {}).get("policy")).get("tickIntervalMs")
         interval = wire.seconds(ms, 1.0, 600.0)
         return 30.0 if interval is None or (isinstance(ms, int | float) and ms <= 0) else interval
 
@@ -487,7 +488,7 @@ class GatewayClient:
         if frame.event == "tick":
             return
         if frame.event == "shutdown":
-            payload = wire.obj(frame.payload)
+            payload = as_dict(frame.payload)
             restart = wire.seconds(payload.get("restartExpectedMs"), 0.0, RESTART_WAIT_CAP)
             if restart is not None:
                 self._restart_after = restart

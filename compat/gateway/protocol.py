@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from compat.knowledge.shapes import as_dict
+
 PROTOCOL_RANGE = (3, 4)
 """The protocol versions offered in ``connect`` (``minProtocol``, ``maxProtocol``): the gateway
 picks one; a gateway that refuses the range answers ``PROTOCOL_MISMATCH`` with ``expectedProtocol``."""
@@ -48,11 +50,6 @@ DEFAULT_ALLOWED_METHODS = (
 
 SESSION_KEY_PREFIX = "xwm-"
 """Every session key the bridge sends starts with ``xwm-<principal tag>-`` (``scoped_key``)."""
-
-
-def obj(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else ``{}`` (gateway payloads are read defensively)."""
-    return value if isinstance(value, dict) else {}
 
 
 def seconds(ms: Any, low: float, high: float) -> float | None:
@@ -356,7 +353,7 @@ def chat_run(event: str, payload: Any) -> dict[str, Any] | None:
             run["errorMessage"] = error
         return run
     if event == "agent" and payload.get("stream") == "assistant":
-        data = obj(payload.get("data"))
+        data = as_dict(payload.get("data"))
         run.update(state="delta", source="agent", terminal=False, stream="assistant")
         if isinstance(text := data.get("text"), str):
             run["assistantText"] = text

@@ -31,6 +31,7 @@ from typing import Any
 from compat.gateway import protocol as wire
 from compat.gateway.adapter import GatewayAdapter, in_namespace, scoped_key
 from compat.gateway.protocol import GatewayError
+from compat.knowledge.shapes import as_dict  # gateway payloads are read defensively, as knowledge ones
 
 Notify = Callable[[str, dict[str, Any]], None]
 
@@ -127,7 +128,7 @@ class GatewayRuntimes:
         finally:
             if closers is None:
                 runtime.notify = None  # a plain HTTP reply carries nothing after it
-        auth = wire.obj(wire.obj(self.client.hello).get("auth"))
+        auth = as_dict(as_dict(self.client.hello).get("auth"))
         role, method = auth.get("role"), auth.get("method")
         return {
             "ok": True,
