@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.e2e.agents import _arch, agents_dir
+from tests.e2e.agents import _arch, _base, agents_dir
 
 OPENCLAW_VERSION = "2026.9.6"
 NODE_VERSION = "24.22.3"
@@ -203,35 +203,26 @@ class OpenClawGateway:
         return self.config_path
 
     def env(self) -> dict[str, str]:
-        """The child's whole environment (nothing inherited, so no stray API keys or proxies)."""
-        home = self.home
-        env = {
-            "PATH": os.pathsep.join([str(self.node.parent), "/usr/local/bin", "/usr/bin", "/bin"]),
-            "HOME": str(home),
-            "USERPROFILE": str(home),
-            "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_DATA_HOME": str(home / ".local" / "share"),
-            "XDG_STATE_HOME": str(home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(home / ".cache"),
-            "TMPDIR": str(self.tmpdir),
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "NO_COLOR": "1",
-            "CI": "1",
-            "NO_PROXY": "127.0.0.1,localhost,::1",
-            "no_proxy": "127.0.0.1,localhost,::1",
-            "DO_NOT_TRACK": "1",
-            "OPENCLAW_STATE_DIR": str(self.state_dir),
-            "OPENCLAW_CONFIG_PATH": str(self.config_path),
-            "OPENCLAW_DISABLE_BONJOUR": "1",
-            "OPENCLAW_NO_RESPAWN": "1",
-            "OPENCLAW_SKIP_CHANNELS": "1",
-            "OPENCLAW_EXEC_SHELL_SNAPSHOT": "0",
-            "OPENCLAW_NO_AUTO_UPDATE": "1",
-            "OPENCLAW_SKIP_CRON": "1",
-            "OPENCLAW_SKIP_GMAIL_WATCHER": "1",
-            "OPENCLAW_SKIP_CANVAS_HOST": "1",
-        }
+        """The child's whole environment (nothing inherited, so no stray API keys or proxies):
+        the agents' sandbox under ``<tmp>/openclaw`` (``tests.e2e.agents._base``: home, XDG
+        folders, TMPDIR, loopback without a proxy, telemetry off), Node 24 on PATH, and the
+        variables the package's ``docs/gateway/embedding.md`` gives for a supervised gateway."""
+        _, env, _ = _base(self.root.parent, self.root.name)
+        env.update(
+            {
+                "PATH": os.pathsep.join([str(self.node.parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+                "OPENCLAW_STATE_DIR": str(self.state_dir),
+                "OPENCLAW_CONFIG_PATH": str(self.config_path),
+                "OPENCLAW_DISABLE_BONJOUR": "1",
+                "OPENCLAW_NO_RESPAWN": "1",
+                "OPENCLAW_SKIP_CHANNELS": "1",
+                "OPENCLAW_EXEC_SHELL_SNAPSHOT": "0",
+                "OPENCLAW_NO_AUTO_UPDATE": "1",
+                "OPENCLAW_SKIP_CRON": "1",
+                "OPENCLAW_SKIP_GMAIL_WATCHER": "1",
+                "OPENCLAW_SKIP_CANVAS_HOST": "1",
+            }
+        )
         env.update(self._extra_env)
         return env
 
