@@ -4,6 +4,7 @@ requests that time out or lose their socket (docs/api.md "Gateway")."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import stat
@@ -39,6 +40,15 @@ def make(tmp_path: Path, url: str, **extra: object) -> GatewayClient:
     return GatewayClient(settings(url, **extra), tmp_path / "id" / "device.pem", version="9.9.9")
 
 
+@contextlib.asynccontextmanager
+async def running(client: GatewayClient) -> AsyncIterator[GatewayClient]:
+    """``client`` with its supervisor running, stopped when the block ends."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.run)
+        yield client
+        tg.cancel_scope.cancel()
+
+
 async def wait_status(client: GatewayClient, *statuses: str, timeout: float = 10) -> None:
     with anyio.fail_after(timeout):
         while client.status not in statuses:
@@ -47,8 +57,7 @@ async def wait_status(client: GatewayClient, *statuses: str, timeout: float = 10
 
 async def test_the_handshake_signs_offers_a_range_and_reuses_the_returned_device_token(tmp_path, gateway):
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         client.connect()
         await client.ready(5)
         first = gateway.attempts[0].params
@@ -69,7 +78,6 @@ async def test_the_handshake_signs_offers_a_range_and_reuses_the_returned_device
         assert client.auth_method == "device-token"
         snapshot = client.snapshot()
         assert TOKEN not in str(snapshot) and second["auth"]["deviceToken"] not in str(snapshot)
-        tg.cancel_scope.cancel()
 
 
 async def test_a_new_identity_is_written_owner_only_and_reused(tmp_path):
@@ -86,14 +94,12 @@ async def test_a_new_identity_is_written_owner_only_and_reused(tmp_path):
 async def test_a_silent_challenge_is_CONNECT_CHALLENGE_TIMEOUT_and_retried_with_backoff(tmp_path, gateway):
     gateway.plan = ["silent"]
     client = make(tmp_path, gateway.url, challengeTimeout=0.2)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         client.connect()
         await wait_status(client, "reconnecting")
         assert client.error is not None and client.error.code == "CONNECT_CHALLENGE_TIMEOUT"
         await client.ready(5)  # the second attempt gets the challenge
         assert len(gateway.attempts) == 2
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
@@ -117,8 +123,7 @@ async def test_a_silent_challenge_is_CONNECT_CHALLENGE_TIMEOUT_and_retried_with_
 async def test_a_refusal_a_retry_cannot_fix_stops_after_one_attempt(tmp_path, gateway, plan, code, detail, words):
     gateway.plan = [plan, "ok"]
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         with pytest.raises(GatewayError) as raised:
             await client.ready(5)
         assert (raised.value.code, raised.value.detail_code) == (code, detail)
@@ -128,27 +133,23 @@ async def test_a_refusal_a_retry_cannot_fix_stops_after_one_attempt(tmp_path, ga
         assert len(gateway.attempts) == 1 and client.status == "error"
         snapshot = client.snapshot()
         assert snapshot["lastErrorCode"] == code and snapshot["lastErrorDetailCode"] == detail
-        tg.cancel_scope.cancel()
 
 
 async def test_a_protocol_mismatch_is_answered_with_the_expected_protocol_once(tmp_path, gateway):
     gateway.plan = ["error:INVALID_REQUEST:PROTOCOL_MISMATCH", "error:INVALID_REQUEST:PROTOCOL_MISMATCH"]
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         await client.ready(5)
         offered = [(a.params or {}).get("maxProtocol") for a in gateway.attempts]
         assert [(a.params or {}).get("minProtocol") for a in gateway.attempts] == [3, 4]
         assert offered == [4, 4]
-        tg.cancel_scope.cancel()
 
 
 async def test_a_refused_device_token_is_retried_once_with_the_shared_token_then_stops(tmp_path, gateway):
     client = make(tmp_path, gateway.url)
     client.tokens.put(gateway.url, "operator", "devtok-stale", [], TOKEN)
     gateway.token = "another-token"  # the shared token is refused too
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         with pytest.raises(GatewayError) as raised:
             await client.ready(5)
         assert raised.value.detail_code == "AUTH_TOKEN_MISMATCH"
@@ -156,26 +157,22 @@ async def test_a_refused_device_token_is_retried_once_with_the_shared_token_then
         sent = [(a.params or {}).get("auth") for a in gateway.attempts]
         assert sent == [{"deviceToken": "devtok-stale"}, {"token": TOKEN}]
         assert not client.tokens.get(gateway.url, "operator", TOKEN)  # the refused token is forgotten
-        tg.cancel_scope.cancel()
 
 
 async def test_UNAVAILABLE_is_retried_no_earlier_than_its_retryAfterMs(tmp_path, gateway):
     gateway.plan = ["error:UNAVAILABLE:", "ok"]
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         await client.ready(5)
         first, second = gateway.attempts
         assert second.at - first.at >= 0.3
-        tg.cancel_scope.cancel()
 
 
 async def test_a_shutdown_event_reconnects_after_restartExpectedMs_as_reconnecting_not_an_error(tmp_path, gateway):
     client = make(tmp_path, gateway.url)
     seen: list[str] = []
     client.on_change.append(lambda: seen.append(client.status))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         await client.ready(5)
         await gateway.send_event("shutdown", {"reason": "restart", "restartExpectedMs": 400})
         await gateway.drop_all(1012, "service restart")
@@ -185,7 +182,6 @@ async def test_a_shutdown_event_reconnects_after_restartExpectedMs_as_reconnecti
         await wait_status(client, "connected")
         assert gateway.attempts[-1].at - lost >= 0.4
         assert "error" not in seen
-        tg.cancel_scope.cancel()
 
 
 async def test_missing_ticks_close_the_socket_and_reconnect(tmp_path):
@@ -194,14 +190,12 @@ async def test_missing_ticks_close_the_socket_and_reconnect(tmp_path):
         client = make(tmp_path, gateway.url)
         logs: list[str] = []
         client.on_log.append(lambda level, category, message: logs.append(message))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(client.run)
+        async with running(client):
             await client.ready(5)
             await wait_status(client, "reconnecting")
             await wait_status(client, "connected")
             assert len(gateway.attempts) == 2
             assert any("two ticks" in line for line in logs)
-            tg.cancel_scope.cancel()
 
 
 async def test_pending_requests_fail_at_once_with_SOCKET_CLOSED_when_the_socket_drops(tmp_path, gateway):
@@ -227,14 +221,12 @@ async def test_pending_requests_fail_at_once_with_SOCKET_CLOSED_when_the_socket_
 async def test_a_slow_gateway_hits_the_request_timeout(tmp_path, gateway):
     gateway.slow_methods["status"] = 5
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         await client.ready(5)
         with pytest.raises(GatewayError) as raised:
             await client.request("status", {}, timeout=0.3)
         assert raised.value.code == "RPC_TIMEOUT" and "status" in raised.value.message
         assert (await client.request("health", {}))["ok"] is True  # the connection is still fine
-        tg.cancel_scope.cancel()
 
 
 async def test_requests_before_connecting_are_OFFLINE(tmp_path, gateway):
@@ -252,14 +244,12 @@ async def test_a_gateway_that_is_down_is_retried_with_a_growing_backoff(tmp_path
     client.on_log.append(
         lambda level, category, message: delays.append(float(message.rsplit(" in ", 1)[1].split(" s")[0]))
     )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         with pytest.raises(GatewayError) as raised:
             await client.ready(2.5)
         assert raised.value.code == "CONNECT_TIMEOUT" and "cannot reach" in raised.value.message
         assert client.attempts >= 3 and client.snapshot()["reconnectAttempt"] == client.attempts
         assert all(b > a for a, b in itertools.pairwise(delays))
-        tg.cancel_scope.cancel()
 
 
 def test_backoff_doubles_from_half_a_second_to_thirty_with_jitter():
@@ -288,8 +278,7 @@ def test_bad_gateway_settings_are_named(raw, words):
 
 async def test_connect_right_after_disconnect_connects_again(tmp_path, gateway):
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         client.connect()
         await client.ready(5)
         client.disconnect()
@@ -297,7 +286,6 @@ async def test_connect_right_after_disconnect_connects_again(tmp_path, gateway):
         client.connect()  # before the supervisor saw the disconnect
         await client.ready(5)
         assert len(gateway.attempts) == 2 and client.auth_method == "device-token"
-        tg.cancel_scope.cancel()
 
 
 # ---- a hostile or broken gateway -----------------------------------------------------------------
@@ -306,8 +294,7 @@ async def test_connect_right_after_disconnect_connects_again(tmp_path, gateway):
 async def test_absurd_numbers_from_the_gateway_never_stop_the_supervisor(tmp_path, gateway):
     gateway.hello_extra = {"policy": {"tickIntervalMs": 10**400}}
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         await client.ready(5)
         await gateway.send_event("shutdown", {"reason": "x", "restartExpectedMs": 10**400})
         await gateway.drop_all(1012)
@@ -315,27 +302,23 @@ async def test_absurd_numbers_from_the_gateway_never_stop_the_supervisor(tmp_pat
         assert "restarting" in client.status_text  # capped at a minute, not an overflow
         client.connect()  # cuts the wait short
         await client.ready(5)
-        tg.cancel_scope.cancel()
 
 
 async def test_a_gateway_that_keeps_changing_its_protocol_is_not_a_reconnect_storm(tmp_path, gateway):
     gateway.plan = ["error:INVALID_REQUEST:PROTOCOL_MISMATCH=4", "error:INVALID_REQUEST:PROTOCOL_MISMATCH=3"] * 50
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         with pytest.raises(GatewayError) as raised:
             await client.ready(5)
         assert raised.value.detail_code == "PROTOCOL_MISMATCH" and "protocol" in raised.value.message
         await anyio.sleep(WINDOW)
         assert len(gateway.attempts) == 2  # one switch to the expected protocol, then stop
-        tg.cancel_scope.cancel()
 
 
 async def test_a_gateway_that_accepts_then_drops_at_once_gets_a_growing_backoff(tmp_path):
     async with FakeGateway(tick_ms=1) as gateway:  # 1 ms ticks: clamped to 1 s, so it is "silent" often
         client = make(tmp_path, gateway.url)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(client.run)
+        async with running(client):
             await client.ready(5)
             for _ in range(3):
                 await gateway.drop_all()
@@ -343,15 +326,12 @@ async def test_a_gateway_that_accepts_then_drops_at_once_gets_a_growing_backoff(
                 await wait_status(client, "connected")
             gaps = [b.at - a.at for a, b in itertools.pairwise(gateway.attempts)]
             assert gaps[-1] > gaps[0] and gaps[-1] >= 1.5  # 0.5, 1, 2 s (jittered), not 0.5 s forever
-            tg.cancel_scope.cancel()
 
 
 async def test_a_changed_gateway_token_is_used_not_hidden_by_the_stored_device_token(tmp_path, gateway):
     client = make(tmp_path, gateway.url)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(client.run)
+    async with running(client):
         await client.ready(5)
-        tg.cancel_scope.cancel()
     assert client.returned_device_token
     changed = GatewayClient(settings(gateway.url, token="edited-token"), tmp_path / "id" / "device.pem", version="1")
     async with anyio.create_task_group() as tg:
