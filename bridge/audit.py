@@ -97,8 +97,21 @@ class JsonlWriter:
 
 
 def _turn_fields(result: Any) -> dict[str, Any]:
-    """``provider``, ``mode`` and ``sourceCount`` of a turn result (a struct with those attributes)."""
+    """``provider``, ``mode`` and ``sourceCount`` of a turn result (a struct with those
+    attributes); ``provider``, ``model``, ``purpose``, ``schemaName`` and ``totalTokens`` of an
+    ``llm.*`` result (its ``audit``)."""
     out: dict[str, Any] = {}
+    audit = getattr(result, "audit", None)
+    if audit is not None and hasattr(audit, "schema_name"):
+        out.update(provider=audit.provider, model=audit.model)
+        if audit.purpose is not None:
+            out["purpose"] = audit.purpose
+        if audit.schema_name is not None:
+            out["schemaName"] = audit.schema_name
+        tokens = result.usage.get("totalTokens") if isinstance(result.usage, dict) else None
+        if isinstance(tokens, int):
+            out["totalTokens"] = tokens
+        return out
     provider = getattr(result, "resolved_provider_id", "") or getattr(result, "resolved_gateway_provider_id", "")
     if isinstance(provider, str) and provider:
         out["provider"] = provider
@@ -137,8 +150,11 @@ class RequestLog:
             if not request.is_notification and isinstance(request.id, str | int) and not isinstance(request.id, bool):
                 record["requestId"] = str(request.id)[:100]
             if error is not None:
-                code = error.get("code")
-                record["errorCode"] = _ERROR_NAMES.get(code, str(code)) if isinstance(code, int) else str(code)
+                code, data = error.get("code"), error.get("data")
+                name = data.get("code") if isinstance(data, dict) else None
+                if not isinstance(name, str):
+                    name = _ERROR_NAMES.get(code, str(code)) if isinstance(code, int) else str(code)
+                record["errorCode"] = name
             elif reply is not None:
                 record.update(_turn_fields(reply.result))
             self.audit.write(record)

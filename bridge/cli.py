@@ -255,6 +255,59 @@ def _explain(error: dict[str, Any]) -> None:
         print("hint: pass --token or set BRIDGE_AUTH_TOKEN to one of the bridge's tokens", file=sys.stderr)
 
 
+STRUCTURED_INSTRUCTIONS = "Do what the input asks; reply with JSON that matches the schema."
+
+
+def cmd_llm(args: argparse.Namespace) -> int:
+    """One model call on the bridge's runtimes: ``llm.complete``, or ``llm.completeStructured``
+    with ``--schema`` (prints ``parsed``; exit 1 when the reply does not validate)."""
+    from bridge.client import call
+
+    options: dict[str, Any] = {
+        "provider": args.provider,
+        "model": args.model,
+        "purpose": args.purpose,
+        "maxTokens": args.max_tokens,
+        "temperature": args.temperature,
+        "timeout": args.timeout,
+    }
+    options = {k: v for k, v in options.items() if v is not None}
+    if args.schema:
+        try:
+            schema = orjson.loads(Path(args.schema).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            print(f"xworkmate-bridge llm: cannot read the schema {args.schema}: {exc}", file=sys.stderr)
+            return 2
+        method = "llm.completeStructured"
+        params = {
+            "instructions": args.system or STRUCTURED_INSTRUCTIONS,
+            "input": [{"type": "text", "text": args.text}],
+            "jsonSchema": schema,
+            "schemaName": Path(args.schema).stem.replace(".", "_")[:64] or "result",
+            **options,
+        }
+    else:
+        method = "llm.complete"
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        params = {"messages": [*messages, {"role": "user", "content": args.text}], **options}
+    timeout = (args.timeout or 300) + 30
+    reply = anyio.run(lambda: call(args.url, method, params, token=args.token, timeout=timeout))
+    if "error" in reply:
+        _explain(reply["error"])
+        return 1
+    result = reply.get("result") or {}
+    if args.json:
+        _print(result)
+    elif result.get("contentType") == "json":
+        print(json.dumps(result.get("parsed"), ensure_ascii=False, indent=2))
+    else:
+        print(result.get("text", ""))
+    if error := result.get("error"):
+        print(f"{error.get('code')}: {error.get('message')}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_providers(args: argparse.Namespace) -> int:
     if not args.local and (args.probe or args.config):
         print(
@@ -380,6 +433,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client_options(p)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("llm", help="one model call on the bridge's model runtimes (llm.complete)")
+    p.add_argument("text", help="the prompt (with --schema: the input)")
+    p.add_argument(
+        "--schema", help="a JSON Schema file: ask for JSON, check the reply, print it (llm.completeStructured)"
+    )
+    p.add_argument("--system", help="a system prompt (with --schema: the instructions)")
+    p.add_argument("--provider", help="a runtime id of llm.runtimes (default: the bridge's default)")
+    p.add_argument("--model", help="a model (only when the bridge allows this principal to choose)")
+    p.add_argument("--purpose", help="why the call is made, for the audit line")
+    p.add_argument("--max-tokens", type=int, help="the reply's bound in tokens")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--timeout", type=float, help="seconds (capped by llm.maxTimeoutSeconds)")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON (usage, audit, …)")
+    client_options(p)
+    p.set_defaults(func=cmd_llm)
 
     p = sub.add_parser("providers", help="list providers and their probe status")
     p.add_argument("--local", action="store_true", help="read the configuration instead of asking the bridge")

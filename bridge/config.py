@@ -25,7 +25,8 @@ import msgspec
 import yaml
 
 from compat.gateway.settings import GatewaySettings
-from compat.knowledge.settings import KnowledgeSettings, SourceDescriptor
+from compat.knowledge.settings import KnowledgeSettings, RuntimeSettings, SourceDescriptor
+from compat.llm.settings import KNOWLEDGE_RUNTIME_ID, LlmSettings, ModelRuntime, PrincipalSettings
 from compat.profile.settings import ProfileConfig, ProfileConfigError, parse_profiles
 from compat.settings import (
     FieldInvalid,
@@ -77,6 +78,10 @@ class BridgeConfig(Settings, frozen=True):
     gateway: GatewaySettings | None = None  # the OpenClaw gateway (docs/api.md "Gateway")
     knowledge: KnowledgeSettings = msgspec.field(default_factory=KnowledgeSettings)
     knowledge_sources: list[SourceDescriptor] | None = None  # None: the embedded documentation
+    llm: LlmSettings = msgspec.field(default_factory=LlmSettings)
+    """Model runtimes for ``llm.*`` and the knowledge provider (docs/api.md "Model calls")."""
+    principals: dict[str, PrincipalSettings] = {}
+    """What each principal may use (docs/api.md "Principals"); names from ``authTokens`` or ``local``."""
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     limits: Limits = msgspec.field(default_factory=Limits)
     ws_ping_interval: Seconds = 20.0
@@ -124,9 +129,62 @@ class BridgeConfig(Settings, frozen=True):
                 "authTokens", f"two tokens are named {twice!r} (a bare token is named token-<hash of it>)"
             )
         msgspec.structs.force_setattr(self, "auth_tokens", named)
+        for name in self.principals:
+            if name != LOCAL_PRINCIPAL and name not in names:
+                known = ", ".join([LOCAL_PRINCIPAL, *names])
+                raise FieldInvalid(f"principals.{name}", f"no authTokens entry is named {name!r} (principals: {known})")
+        self._link_knowledge_runtime()
         if self.providers is not None:  # `codex:` with nothing under it is the preset as it is
             providers = {k: ProviderConfig() if v is None else v for k, v in self.providers.items()}
             msgspec.structs.force_setattr(self, "providers", providers)
+
+    def _link_knowledge_runtime(self) -> None:
+        """Make ``knowledge.runtime`` one of ``llm.runtimes``: ``{id}`` refers to an entry (an
+        ``openai`` one: the knowledge provider streams chat completions); the older shorthand
+        (``baseUrl``, ``model``, ``apiKeyEnv``, ``timeoutSeconds``) defines the entry ``knowledge``."""
+        runtime, llm = self.knowledge.runtime, self.llm
+        if runtime.id is not None:
+            if runtime.base_url or runtime.model or runtime.api_key_env:
+                raise FieldInvalid("knowledge.runtime", "give either id (an llm.runtimes entry) or baseUrl and model")
+            entry = llm.runtime(runtime.id)
+            if entry is None:
+                raise FieldInvalid("knowledge.runtime.id", f"no llm.runtimes entry has the id {runtime.id!r}")
+            if entry.kind != "openai":
+                raise FieldInvalid(
+                    "knowledge.runtime.id",
+                    f"runtime {entry.id} is {entry.kind}; the knowledge provider needs an openai one",
+                )
+            linked = RuntimeSettings(
+                id=entry.id,
+                base_url=entry.base_url,
+                model=entry.model,
+                api_key_env=entry.api_key_env,
+                timeout_seconds=entry.timeout_seconds or runtime.timeout_seconds,
+            )
+        elif runtime.configured:
+            if llm.runtime(KNOWLEDGE_RUNTIME_ID) is not None:
+                raise FieldInvalid(
+                    "knowledge.runtime",
+                    f"llm.runtimes has an entry {KNOWLEDGE_RUNTIME_ID!r}; write knowledge.runtime: "
+                    f"{{id: {KNOWLEDGE_RUNTIME_ID}}} instead of baseUrl and model",
+                )
+            assert runtime.base_url is not None and runtime.model is not None
+            try:
+                entry = ModelRuntime(
+                    id=KNOWLEDGE_RUNTIME_ID,
+                    base_url=runtime.base_url,
+                    model=runtime.model,
+                    api_key_env=runtime.api_key_env,
+                    timeout_seconds=runtime.timeout_seconds,
+                )
+            except FieldInvalid as exc:
+                raise FieldInvalid(f"knowledge.runtime.{exc.field}", exc.message) from None
+            llm = msgspec.structs.replace(llm, runtimes=(*llm.runtimes, entry))
+            linked = msgspec.structs.replace(runtime, id=KNOWLEDGE_RUNTIME_ID)
+        else:
+            return
+        msgspec.structs.force_setattr(self, "llm", llm)
+        msgspec.structs.force_setattr(self, "knowledge", msgspec.structs.replace(self.knowledge, runtime=linked))
 
     @property
     def named_tokens(self) -> list[NamedToken]:

@@ -35,6 +35,7 @@ from orchestrator.results import (
     KnowledgeReadResult,
     KnowledgeRegistryResult,
     KnowledgeSourcesResult,
+    LlmResult,
     ResolveResult,
     SessionListResult,
     SessionSnapshot,
@@ -50,6 +51,7 @@ from orchestrator.sessions import StreamListener
 if TYPE_CHECKING:
     from compat.knowledge.registry import KnowledgeRegistry
     from compat.knowledge.service import KnowledgeService
+    from compat.llm.service import LlmService
 
 
 class Params:
@@ -100,11 +102,11 @@ class MethodSpec(msgspec.Struct, frozen=True):
 
 
 def capabilities(orch: Orchestrator, params: dict[str, Any], ctx: CallContext) -> CapabilitiesResult:
-    return orch.capabilities()
+    return orch.capabilities(ctx.principal)
 
 
 def routing_resolve(orch: Orchestrator, params: Any, ctx: CallContext) -> ResolveResult:
-    return orch.resolve(params)
+    return orch.resolve(params, ctx.principal)
 
 
 def _listener(ctx: CallContext) -> StreamListener:
@@ -242,6 +244,25 @@ async def knowledge_sources_select(orch: Orchestrator, params: Any, ctx: CallCon
     return msgspec.convert(view, KnowledgeRegistryResult)
 
 
+async def llm_complete(orch: Orchestrator, params: Any, ctx: CallContext) -> LlmResult:
+    return msgspec.convert(await _llm(orch).complete(ctx.principal, params), LlmResult)
+
+
+async def llm_complete_structured(orch: Orchestrator, params: Any, ctx: CallContext) -> LlmResult:
+    return msgspec.convert(await _llm(orch).complete_structured(ctx.principal, params), LlmResult)
+
+
+def _llm(orch: Orchestrator) -> LlmService:
+    """The ``llm.*`` service.
+
+    Raises:
+        NotFound: -32004, no model runtime is configured (``llm.runtimes``).
+    """
+    if orch.llm is None or not orch.llm.available:
+        raise NotFound("no model runtime is configured (llm.runtimes)")
+    return orch.llm
+
+
 def _registry(orch: Orchestrator, ctx: CallContext) -> KnowledgeRegistry:
     """The source registry, for an admin only: a registered source makes the bridge fetch a URL
     or read a folder.
@@ -273,6 +294,7 @@ _REGISTRY = "compat.knowledge.registry_params"
 _TURN = Params(_MODELS, "TurnParams")
 _SESSION = Params(_MODELS, "SessionRef")
 _GATEWAY = Params(_MODELS, "GatewayParams")
+_LLM = "compat.llm.params"
 
 METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("acp.capabilities", capabilities, None, CapabilitiesResult, inline=True),
@@ -297,6 +319,14 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=False),
     MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=False),
     MethodSpec("xworkmate.gateway.disconnect", gateway_disconnect, _GATEWAY, AcceptedResult, inline=True),
+    MethodSpec("llm.complete", llm_complete, Params(_LLM, "CompleteParams"), LlmResult, inline=False),
+    MethodSpec(
+        "llm.completeStructured",
+        llm_complete_structured,
+        Params(_LLM, "StructuredParams"),
+        LlmResult,
+        inline=False,
+    ),
     MethodSpec(
         "knowledge.sources",
         knowledge_sources,

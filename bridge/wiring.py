@@ -22,6 +22,9 @@ from compat.acp.capacity import AgentCapacity
 from compat.base import ProviderAdapter
 from compat.knowledge.registry import KnowledgeRegistry
 from compat.knowledge.service import KnowledgeService
+from compat.llm.gate import Gate
+from compat.llm.service import LlmService
+from compat.llm.settings import KNOWLEDGE_RUNTIME_ID
 from compat.process.descendants import reap_orphans_forever
 from compat.profile.adapter import ProfileAdapter
 from compat.settings import ProviderConfig
@@ -95,6 +98,31 @@ def build_knowledge(config: BridgeConfig) -> KnowledgeService:
     return knowledge
 
 
+def build_llm(config: BridgeConfig, knowledge: KnowledgeService) -> LlmService:
+    """The ``llm.*`` service of ``config``. The knowledge registry's runtime connection, when one
+    is registered, replaces the ``llm.runtimes`` entry the knowledge runtime names (one table of
+    runtimes: a connection set at run time serves ``llm.*`` with that id too)."""
+    llm = LlmService(config.llm, Gate(config.principals))
+    runtime_id = config.knowledge.runtime.id or KNOWLEDGE_RUNTIME_ID
+    configured = config.llm.runtime(runtime_id)
+
+    def link(connection: Any) -> None:
+        if connection is None:
+            llm.restore_runtime(runtime_id, configured)
+        else:
+            llm.set_runtime(
+                runtime_id,
+                base_url=connection.base_url,
+                model=connection.model,
+                timeout_seconds=connection.timeout_seconds,
+                api_key=connection.api_key,
+            )
+
+    if knowledge.registry is not None:
+        knowledge.registry.on_runtime(link)
+    return llm
+
+
 def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     """Everything the transports need behind the method table; use it with ``async with``.
 
@@ -105,6 +133,7 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     if config.knowledge.runtime.api_key_env:
         register_secret(os.environ.get(config.knowledge.runtime.api_key_env))
     knowledge = build_knowledge(config)
+    llm = build_llm(config, knowledge)
     entries, enabled = provider_configs(config)
     adapters: dict[str, ProviderAdapter] = {}
     capacity = AgentCapacity(config.limits.max_live_agents, config.timeouts.agent_capacity_timeout)
@@ -141,6 +170,7 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         bridge_info=info,
         methods=list(METHOD_NAMES),
         knowledge=knowledge,
+        llm=llm,
         background=background,
         gateway=gateway,
         admin_principals=config.admin_principals,

@@ -56,6 +56,18 @@ class BridgeInfo(Result, frozen=True):
     contract_version: str
 
 
+class PrincipalAccess(Result, frozen=True):
+    """What the caller may use (``principals.<name>``): its turns' providers and models, and
+    ``llm``: ``{available, defaultProvider?, defaultModel?, providers, allowModelOverride,
+    allowedModels?}``."""
+
+    principal: str
+    allowed_providers: list[str]
+    allow_model_override: bool
+    allowed_models: list[str] | str  # "*": any
+    llm: dict[str, Any]
+
+
 class CapabilitiesResult(Result, frozen=True):
     single_agent: bool
     multi_agent: bool
@@ -67,6 +79,7 @@ class CapabilitiesResult(Result, frozen=True):
     bridge: BridgeInfo
     methods: list[str]
     limits: dict[str, float | int]
+    access: PrincipalAccess | UnsetType = UNSET
 
 
 # ---- xworkmate.routing.resolve -------------------------------------------------------------------
@@ -338,3 +351,37 @@ class KnowledgeReadResult(Result, frozen=True):
     content: str
     children: list[dict[str, Any]]
     truncated: bool
+
+
+# ---- llm.complete / llm.completeStructured --------------------------------------------------------
+
+
+class LlmAudit(Result, frozen=True):
+    principal: str
+    purpose: str | None
+    schema_name: str | None
+    provider: str
+    model: str
+
+
+class LlmError(Result, frozen=True):
+    code: str  # STRUCTURED_OUTPUT_INVALID
+    message: str
+
+
+class LlmResult(Result, frozen=True):
+    """``llm.complete``: the reply ``text``, the runtime (``provider``) and ``model`` that
+    answered, ``usage`` in the turn usage shape (``cost`` from ``llm.prices`` when the runtime
+    reports none), ``audit``, and ``fallbackFrom`` (the runtimes that failed first) when any did.
+    ``llm.completeStructured`` adds ``contentType`` (``json`` / ``text``), ``parsed`` and, when the
+    reply is not valid JSON of the schema, ``error``."""
+
+    text: str
+    provider: str
+    model: str
+    usage: dict[str, Any]
+    audit: LlmAudit
+    fallback_from: list[str] | UnsetType = UNSET
+    content_type: str | UnsetType = UNSET
+    parsed: Any = UNSET
+    error: LlmError | UnsetType = UNSET

@@ -10,6 +10,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from msgspec import UNSET, UnsetType
 from bridge.rpc.codec import loads
 from bridge.rpc.errors import InvalidParams, LimitReached, NotFound
 from compat.base import Attachment, ProviderSession
+from compat.llm.gate import Gate
 from compat.process import descendants
 from compat.settings import Limits, Timeouts
 from orchestrator import artifacts, attachments, updates
@@ -35,6 +37,7 @@ from orchestrator.results import (
     CapabilitiesResult,
     CloseResult,
     NestedCapabilities,
+    PrincipalAccess,
     ResolveResult,
     SessionListEntry,
     SessionListResult,
@@ -54,6 +57,7 @@ from orchestrator.workspace import Workspace
 if TYPE_CHECKING:  # pydantic: the handlers import the params models on first use (compat.settings)
     from compat.gateway.runtimes import GatewayRuntimes
     from compat.knowledge.service import KnowledgeService
+    from compat.llm.service import LlmService
     from orchestrator.models import PermissionParams, ResolveParams, TurnParams
 
 log = logging.getLogger(__name__)
@@ -97,6 +101,7 @@ class Orchestrator:
         bridge_info: dict[str, Any] | None = None,
         methods: list[str] | None = None,
         knowledge: KnowledgeService | None = None,
+        llm: LlmService | None = None,
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         admin_principals: Sequence[str] = ("local",),
         remote_root: Path | None = None,
@@ -125,6 +130,8 @@ class Orchestrator:
         )
         self.methods = methods or []
         self.knowledge = knowledge
+        self.llm = llm  # the llm.* methods, when model runtimes are configured
+        self.gate = llm.gate if llm is not None else Gate()  # what each principal may use
         self.running = anyio.Semaphore(limits.max_running_turns)
         self.sessions = SessionTable(
             limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token, store=store
@@ -193,6 +200,8 @@ class Orchestrator:
             with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_SLACK):
                 if self.knowledge is not None:
                     await self.knowledge.__aexit__(None, None, None)
+                if self.llm is not None:
+                    await self.llm.aclose()
                 if self.store is not None:
                     self._unobserve()
                     await self.store.__aexit__(None, None, None)
@@ -220,13 +229,31 @@ class Orchestrator:
 
     # ---- capabilities and routing ------------------------------------------------------------------
 
-    def capabilities(self) -> CapabilitiesResult:
+    def capabilities(self, principal: str | None = None) -> CapabilitiesResult:
         """``acp.capabilities``; rebuilt only when a provider's status changed (the hottest call of
-        a polling client, and building it walks every provider)."""
+        a polling client, and building it walks every provider). With ``principal``, ``access``
+        says what that principal may use (``principals.<name>``)."""
         key = self.registry.snapshot_key()
         if self._capabilities is None or self._capabilities[0] != key:
             self._capabilities = (key, self._build_capabilities())
-        return self._capabilities[1]
+        base = self._capabilities[1]
+        if principal is None:
+            return base
+        return msgspec.structs.replace(base, access=self._access(principal, base))
+
+    def _access(self, principal: str, base: CapabilitiesResult) -> PrincipalAccess:
+        turns = self.gate.turns(principal)
+        ids = [e.provider_id for e in (*base.provider_catalog, *base.gateway_providers)]
+        llm = self.gate.llm_view(self.llm.settings, principal) if self.llm is not None else {"available": False}
+        return PrincipalAccess(
+            principal=principal,
+            allowed_providers=[p for p in ids if self.gate.turn_provider(principal, p)],
+            allow_model_override=turns.allow_model_override,
+            allowed_models=turns.allowed_models
+            if isinstance(turns.allowed_models, str)
+            else list(turns.allowed_models),
+            llm=llm,
+        )
 
     def _build_capabilities(self) -> CapabilitiesResult:
         catalog = self.registry.catalog()
@@ -253,7 +280,16 @@ class Orchestrator:
             limits={**msgspec.to_builtins(self.limits), **msgspec.to_builtins(self.timeouts)},
         )
 
-    def _route(self, prompt: str, routing: dict[str, Any] | None, model: str | None, preferred: str) -> Resolution:
+    def _route(
+        self, prompt: str, routing: dict[str, Any] | None, model: str | None, preferred: str, principal: str = "local"
+    ) -> Resolution:
+        """The route of a turn of ``principal``: only among the providers it may use
+        (``principals.<name>.turns``); an explicit choice it may not use is unavailable,
+        ``PROVIDER_NOT_ALLOWED`` (``MODEL_NOT_ALLOWED`` for a model).
+
+        Raises:
+            InvalidParams: -32602, ``routing`` is malformed.
+        """
         try:
             inp = RoutingInput.from_params(prompt, routing, model, preferred)
         except ValueError as exc:
@@ -275,15 +311,19 @@ class Orchestrator:
                 explicit_provider_id="",
                 preferred_provider_id="",
             )
-        available = self.registry.available()
+        allowed = functools.partial(self.gate.turn_provider, principal)
+        available = [p for p in self.registry.available() if allowed(p)]
         # Auto routing picks a knowledge provider only when it is the only one available, and an
         # agent known to need authentication only when no agent is ready (explicit routing still
         # reaches it, and its turn then says how to authenticate).
         agents = [p for p in available if self.registry.category(p) != "knowledge"]
         agents = [p for p in agents if self.registry.status(p).available] or agents or available
-        resolution = resolve(
-            inp, available, gateway_configured=bool(self.registry.gateway_ids()), auto_available=agents
-        )
+        gateway_ok = any(allowed(g) for g in gateways)
+        resolution = resolve(inp, available, gateway_configured=gateway_ok, auto_available=agents)
+        refused = self._refused(resolution, principal, bool(gateways))
+        if refused:
+            resolution.unavailable_code, resolution.unavailable_message = refused
+            return resolution
         chosen = resolution.resolved_provider_id
         if resolution.unavailable_code == "PROVIDER_UNAVAILABLE" and chosen:
             resolution.unavailable_message = self._why_unavailable(chosen)
@@ -293,6 +333,25 @@ class Orchestrator:
             resolution.preferred_provider_message = f"preference not used: {why}{instead}"
         return resolution
 
+    def _refused(self, resolution: Resolution, principal: str, gateways: bool) -> tuple[str, str] | None:
+        """``(code, message)`` when the gate, not the provider, is why ``resolution`` cannot run."""
+        key = f"principals.{principal}.turns"
+        gateway_refused = resolution.unavailable_code == "GATEWAY_NOT_CONFIGURED" and gateways
+        chosen = resolution.provider_key
+        if gateway_refused or (
+            resolution.unavailable_code == "PROVIDER_UNAVAILABLE"
+            and chosen
+            and not self.gate.turn_provider(principal, chosen)
+        ):
+            return "PROVIDER_NOT_ALLOWED", f"{principal} may not use provider {chosen[:100]} ({key}.allowedProviders)"
+        if not resolution.unavailable and not self.gate.turn_model(principal, resolution.resolved_model):
+            model = resolution.resolved_model[:100]
+            return (
+                "MODEL_NOT_ALLOWED",
+                f"{principal} may not choose model {model} ({key}.allowModelOverride, allowedModels)",
+            )
+        return None
+
     def _why_unavailable(self, provider_id: str) -> str:
         if provider_id not in self.registry.ids:
             configured = ", ".join(self.registry.ids) or "none"
@@ -300,13 +359,14 @@ class Orchestrator:
         reason = self.registry.status(provider_id)
         return f"provider {provider_id} is unavailable: {reason.detail or reason.status}"
 
-    def resolve(self, params: ResolveParams) -> ResolveResult:
-        """``xworkmate.routing.resolve``.
+    def resolve(self, params: ResolveParams, principal: str = "local") -> ResolveResult:
+        """``xworkmate.routing.resolve`` for ``principal``.
 
         Raises:
             InvalidParams: -32602, ``routing`` is malformed.
         """
-        return resolve_result(self._route(params.task_prompt, params.routing, params.model, params.preferred_provider))
+        route = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider, principal)
+        return resolve_result(route)
 
     # ---- turns -------------------------------------------------------------------------------------
 
@@ -339,7 +399,7 @@ class Orchestrator:
         cwd = self.workspace.working_directory(params.working_directory, principal, params.session_id)
         usable = self.workspace.usable_attachments(params.attachments, principal, params.session_id)
         copies = attachments.match(params.attachments, params.inline_attachments, usable)
-        resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider)
+        resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider, principal)
         await self._load(principal, params.session_id)
         thread_id = params.thread_id or params.session_id
         session = self.sessions.open(params.session_id, principal, thread_id)

@@ -83,6 +83,22 @@ class LimitReached(RpcError):
     code, name, default_message = -32006, "LIMIT_REACHED", "limit reached"
 
 
+class LlmOverrideDenied(RpcError):
+    """-32007: the trust gate refused what the principal asked ``llm.*`` for (another provider or
+    model, or the methods at all); ``data.argument`` names the argument and ``data.configKey`` the
+    setting that would allow it (docs/api.md "Principals")."""
+
+    code, name, default_message = -32007, "LLM_OVERRIDE_DENIED", "not allowed for this principal"
+
+
+class ModelCallFailed(RpcError):
+    """-32008: every runtime tried for an ``llm.*`` call failed; ``data.reason`` (``timeout``,
+    ``connect``, ``http_status``, ``invalid_reply``), ``data.httpStatus``, ``data.provider`` and
+    ``data.attempts`` (one ``{provider, reason, httpStatus?}`` per runtime tried)."""
+
+    code, name, default_message = -32008, "MODEL_CALL_FAILED", "the model call failed"
+
+
 RPC_ERRORS: tuple[type[RpcError], ...] = (
     ParseError,
     InvalidRequest,
@@ -94,6 +110,8 @@ RPC_ERRORS: tuple[type[RpcError], ...] = (
     NotFound,
     SessionBusy,
     LimitReached,
+    LlmOverrideDenied,
+    ModelCallFailed,
 )
 
 # Codes of turns that ran and failed (a *result* with success:false, error.code = one of these).
@@ -123,4 +141,6 @@ TURN_ERROR_CODES: dict[str, str] = {
 UNAVAILABLE_CODES: dict[str, str] = {
     "PROVIDER_UNAVAILABLE": "The provider cannot run (unknown, command not found, disabled).",
     "GATEWAY_NOT_CONFIGURED": "The gateway target was chosen but no gateway is configured.",
+    "PROVIDER_NOT_ALLOWED": "The principal may not use the chosen provider (principals.<name>.turns).",
+    "MODEL_NOT_ALLOWED": "The principal may not choose the model it named (principals.<name>.turns).",
 }

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -110,6 +110,7 @@ class KnowledgeRegistry:
         self.usable: dict[str, SourceDescriptor] = {}
         self.blocked: dict[str, str] = {}  # stored id -> why it is not used
         self._lock = anyio.Lock()
+        self._runtime_listeners: list[Callable[[RuntimeConnection | None], None]] = []
         self._apply()
         service.registry = self
 
@@ -246,7 +247,16 @@ class KnowledgeRegistry:
         for source_id in changed:
             self.service.forget(source_id)
 
+    def on_runtime(self, listener: Callable[[RuntimeConnection | None], None]) -> None:
+        """Call ``listener`` with the registered runtime connection (None: none is registered)
+        now and whenever it changes: the bridge points the ``llm.runtimes`` entry the knowledge
+        runtime names at it (bridge.wiring)."""
+        self._runtime_listeners.append(listener)
+        listener(self.data.runtime)
+
     def _apply(self) -> None:
+        for listener in self._runtime_listeners:
+            listener(self.data.runtime)
         self.usable, self.blocked = {}, {}
         for index, raw in enumerate(self.data.sources):
             try:

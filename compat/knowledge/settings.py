@@ -57,10 +57,13 @@ class SourceDescriptor(Settings, frozen=True):
 class RuntimeSettings(Settings, frozen=True):
     """``knowledge.runtime``: the OpenAI-compatible model used by delegated and hybrid turns.
 
-    ``base_url`` includes the API prefix (``http://127.0.0.1:8642/v1``); ``api_key_env`` names
-    the environment variable holding the key (the key itself never sits in the file).
+    ``id`` names an ``llm.runtimes`` entry (an ``openai`` one), whose other fields the
+    configuration copies here (bridge.config). The older shorthand, ``base_url`` (with the API
+    prefix, ``http://127.0.0.1:8642/v1``), ``model`` and ``api_key_env`` (the environment variable
+    holding the key; the key itself never sits in the file), defines the entry ``knowledge``.
     """
 
+    id: str | None = None
     base_url: str | None = None
     model: str | None = None
     api_key_env: str | None = None

@@ -246,6 +246,8 @@ class FakeLLM:
         self.responder: Responder | None = None
         self._tool_call_seq = 0
         self._queue: deque[Reply] = deque()
+        self._json_queue: deque[Reply] = deque()
+        self._errors: deque[tuple[int, str, str | None]] = deque()
         self._reply = Reply()
         self.set_reply(reply, chunks=chunks, delay=delay)
         self._lock = threading.Lock()
@@ -286,6 +288,27 @@ class FakeLLM:
             parts = [DEFAULT_REPLY if text is None else text]
         with self._lock:
             self._queue.append(Reply(chunks=parts or [""], delay=float(delay), tool_call=tool_call))
+
+    def queue_json_reply(self, text: str, *, delay: float = 0.0) -> None:
+        """Answer the next JSON-mode / response-schema call with ``text`` (instead of a JSON value
+        built from the schema): a reply in a code block, or one that fails validation."""
+        with self._lock:
+            self._json_queue.append(Reply(chunks=[text], delay=float(delay)))
+
+    def queue_error(self, status: int, message: str = "fake error", *, retry_after: str | None = None) -> None:
+        """Answer the next chat-completions or Messages call with HTTP ``status`` and an
+        ``{"error": {"message"}}`` body (with a ``Retry-After`` header when given)."""
+        with self._lock:
+            self._errors.append((status, message, retry_after))
+
+    def _error_for(self, rec: RecordedRequest) -> Response | None:
+        with self._lock:
+            if not self._errors:
+                return None
+            status, message, retry_after = self._errors.popleft()
+        rec.status = status
+        headers = {"retry-after": retry_after} if retry_after is not None else None
+        return JSONResponse({"error": {"message": message, "type": "fake"}}, status_code=status, headers=headers)
 
     @property
     def reply(self) -> Reply:
@@ -457,6 +480,9 @@ class FakeLLM:
         """Decide what a generation request gets, and classify it."""
         if json_mode or schema is not None:
             rec.kind = "json"
+            with self._lock:
+                if self._json_queue:
+                    return self._json_queue.popleft()
             return Reply(chunks=[_json_answer(schema)])
         if _looks_like_title_request(system_text, has_tools):
             rec.kind = "title"
@@ -551,6 +577,8 @@ class FakeLLM:
     async def _openai_chat(self, request: Request) -> Response:
         rec = await self._record(request)
         rec.api = "openai-chat"
+        if (error := self._error_for(rec)) is not None:
+            return error
         body = rec.body if isinstance(rec.body, dict) else {}
         model = str(body.get("model") or "mock-model")
         messages = body.get("messages") or []
@@ -577,6 +605,8 @@ class FakeLLM:
         tool_call = self._openai_tool_call(reply)
 
         if not body.get("stream"):
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
             message: dict[str, Any] = {"role": "assistant", "content": reply.text}
             if tool_call is not None:
                 message = {"role": "assistant", "content": reply.text or None, "tool_calls": [tool_call]}
@@ -872,6 +902,8 @@ class FakeLLM:
     async def _anthropic_messages(self, request: Request) -> Response:
         rec = await self._record(request)
         rec.api = "anthropic"
+        if (error := self._error_for(rec)) is not None:
+            return error
         body = rec.body if isinstance(rec.body, dict) else {}
         model = str(body.get("model") or "claude-sonnet-4-6")
         system_text = _flatten_text(body.get("system"))
@@ -901,6 +933,8 @@ class FakeLLM:
         }
 
         if not body.get("stream"):
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
             return JSONResponse(
                 message
                 | {
