@@ -46,7 +46,7 @@ BRIDGE = (sys.executable, "-m", "bridge.cli")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def config(tmp_path: Path) -> Path:
+def config(tmp_path: Path, **extra: Any) -> Path:
     def agent(*modes: str, **extra: Any) -> dict[str, Any]:
         args = [str(FAKE_AGENT), *[a for m in modes for a in ("--mode", m)]]
         return {"command": sys.executable, "args": args, **extra}
@@ -80,6 +80,7 @@ def config(tmp_path: Path) -> Path:
         },
         "timeouts": {"cancelGrace": 1, "permissionTimeout": 1},
         "limits": {"maxSessionsPerToken": 20},
+        **extra,
     }
     path = tmp_path / "bridge.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -131,13 +132,15 @@ class Editor:
 
 
 @contextlib.asynccontextmanager
-async def bridge(tmp_path: Path, editor: Editor, caps: ClientCapabilities | None = None) -> AsyncIterator[Any]:
+async def bridge(
+    tmp_path: Path, editor: Editor, caps: ClientCapabilities | None = None, **extra: Any
+) -> AsyncIterator[Any]:
     async with spawn_agent_process(
         editor,
         *BRIDGE,
         "acp-stdio",
         "--config",
-        str(config(tmp_path)),
+        str(config(tmp_path, **extra)),
         "--state-dir",
         str(tmp_path / "state"),
         cwd=str(Path(__file__).resolve().parents[2]),
@@ -162,6 +165,14 @@ async def test_initialize_advertises_what_the_bridge_does(tmp_path: Path) -> Non
     assert caps.prompt_capabilities is not None and caps.prompt_capabilities.image is False
     assert init.agent_info is not None and init.agent_info.name == "xworkmate-bridge"
     assert init.auth_methods == []
+
+
+async def test_the_provider_option_lists_only_the_providers_the_principal_may_use(tmp_path: Path) -> None:
+    principals = {"local": {"turns": {"allowedProviders": ["echo", "slow"]}}}
+    async with bridge(tmp_path, Editor(), principals=principals) as conn:
+        new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        option = next(o for o in new.config_options or [] if o.id == "provider")
+    assert [v.value for v in option.options] == ["auto", "echo", "slow"]
 
 
 async def test_a_prompt_streams_through_the_provider_picked_in_the_config_option(tmp_path: Path) -> None:
@@ -626,7 +637,8 @@ async def test_a_mode_the_agent_switches_itself_shows_in_the_editors_mode_option
         await conn.set_config_option(session_id=new.session_id, config_id="provider", value="mover")
         await conn.prompt(session_id=new.session_id, prompt=[text_block("first")])
         with anyio.fail_after(10):  # the agent switched after its answer: the update is in the pipe
-            while "between-turns" not in (tmp_path / "mover.log").read_text():
+            # the event, not the word: the log's first line (the agent's argv) holds "between-turns" too
+            while '"event": "between-turns"' not in (tmp_path / "mover.log").read_text():
                 await anyio.sleep(0.01)
         # A session's state that arrives between turns goes out with the next turn that streams
         # (or the one after it, when it came while that one was starting).
