@@ -385,8 +385,11 @@ class AcpAgent:
         return {p.provider_id: p.label for p in self._catalog()}
 
     def _catalog(self) -> list[ProviderEntry]:
+        """The providers this principal may use (``principals.<name>.turns``)."""
         caps = self._orch.capabilities()
-        return [*caps.provider_catalog, *caps.gateway_providers]
+        gate = self._orch.gate
+        entries = [*caps.provider_catalog, *caps.gateway_providers]
+        return [p for p in entries if gate.turn_provider(self._principal, p.provider_id)]
 
     def _routing(self, provider: str) -> dict[str, Any] | None:
         """A turn's ``routing`` for the chosen ``provider``: the bridge's own, an agent, or the gateway."""

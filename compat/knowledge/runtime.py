@@ -25,6 +25,7 @@ from bridge.rpc.redact import register_secret
 from compat.knowledge.evidence import Evidence
 from compat.knowledge.settings import RuntimeSettings
 from compat.knowledge.shapes import as_dict
+from compat.llm.wire import error_message, openai_usage
 
 if TYPE_CHECKING:
     import httpx
@@ -305,41 +306,13 @@ async def _post(
             detail = (await _read_capped(resp, 64 * 1024)).decode("utf-8", "replace")
             if resp.status_code in (400, 422) and "stream_options" in body and "stream_options" in detail:
                 raise _OptionRefused
-            raise RuntimeFailure("http_status", resp.status_code, _error_message(detail))
+            raise RuntimeFailure("http_status", resp.status_code, error_message(detail))
         if "text/event-stream" in resp.headers.get("content-type", ""):
             await _read_sse(resp, emit, usage)
         else:
             payload = json.loads(await _read_capped(resp))
             emit(_text_of(_choice(payload), "message"))
-            usage.update(_usage(payload))
-
-
-def _error_message(detail: str) -> str:
-    """The runtime's own error message in an error body (``{"error": {"message"}}`` or text)."""
-    try:
-        payload = json.loads(detail)
-    except ValueError:
-        return detail.strip()[:500]
-    error = payload.get("error") if isinstance(payload, dict) else None
-    message = error.get("message") if isinstance(error, dict) else error
-    return str(message)[:500] if message else ""
-
-
-def _usage(payload: Any) -> dict[str, int]:
-    """An OpenAI ``usage`` object in the turn usage shape."""
-    raw = as_dict(as_dict(payload).get("usage"))
-    out: dict[str, int] = {}
-    for theirs, ours in (
-        ("prompt_tokens", "inputTokens"),
-        ("completion_tokens", "outputTokens"),
-        ("total_tokens", "totalTokens"),
-    ):
-        if isinstance(value := raw.get(theirs), int) and not isinstance(value, bool):
-            out[ours] = value
-    cached = as_dict(raw.get("prompt_tokens_details")).get("cached_tokens")
-    if isinstance(cached, int) and not isinstance(cached, bool):
-        out["cachedReadTokens"] = cached
-    return out
+            usage.update(openai_usage(as_dict(payload).get("usage")))
 
 
 def _choice(payload: Any) -> Any:
@@ -392,10 +365,10 @@ async def _read_sse(resp: httpx.Response, emit: Callable[[str], None], usage: di
             continue
         payload = json.loads(data)
         if event == "error":
-            message = _error_message(data) or "the runtime sent an error event"
+            message = error_message(data) or "the runtime sent an error event"
             raise RuntimeFailure("upstream_error", message=message)
         choice = _choice(payload)
-        usage.update(_usage(payload))
+        usage.update(openai_usage(as_dict(payload).get("usage")))
         emit(_text_of(choice, "delta"))
         if isinstance(choice, dict) and choice.get("finish_reason"):
             finished = True

@@ -354,7 +354,9 @@ class LlmService:
         usage: dict[str, Any] = dict(reply.usage)
         if "totalTokens" not in usage and ("inputTokens" in usage or "outputTokens" in usage):
             usage["totalTokens"] = usage.get("inputTokens", 0) + usage.get("outputTokens", 0)
-        if (cost := self.cost(reply.model, usage)) is not None:
+        if reply.cost is not None:
+            usage["cost"] = {"amount": reply.cost, "currency": "USD"}
+        elif (cost := self.cost(reply.model, usage)) is not None:
             usage["cost"] = cost
         audit = {
             "principal": principal,

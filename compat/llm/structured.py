@@ -2,9 +2,13 @@
 
 Parsing accepts the whole reply as JSON, or the first fenced code block (```json … ```) in it.
 Validation uses the ``jsonschema`` package (the dialect the schema's ``$schema`` names, else
-Draft 2020-12) in a worker thread, bounded in time (``VALIDATE_SECONDS``, an abandoned check
-cannot hold the call) and in size (``MAX_SCHEMA_BYTES`` of schema, ``MAX_SCHEMA_DEPTH`` levels);
-``$ref`` to anything outside the schema is refused rather than fetched.
+Draft 2020-12) off the event loop, bounded in time (``VALIDATE_SECONDS``) and in size
+(``MAX_SCHEMA_BYTES`` of schema, ``MAX_SCHEMA_DEPTH`` levels); ``$ref`` to anything outside the
+schema is refused rather than fetched. A schema with regular expressions (``pattern``,
+``patternProperties``) is checked in a worker process (``anyio.to_process``), which is killed
+when the bound passes: Python's ``re`` cannot be interrupted, and a pattern that backtracks
+catastrophically would otherwise keep a thread busy for good. Other schemas are checked in a
+thread (their keywords are polynomial in the bounded reply).
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -21,7 +25,8 @@ from bridge.rpc.errors import InvalidParams
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
-VALIDATE_SECONDS = 2.0
+VALIDATE_SECONDS = 5.0
+_REGEX_KEYS = ("pattern", "patternProperties")
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON|json5)?[ \t]*\r?\n(.*?)\r?\n?```", re.DOTALL)
 
 
@@ -58,6 +63,14 @@ def _depth(value: Any, level: int = 0) -> int:
     if isinstance(value, list):
         return max((_depth(v, level + 1) for v in value), default=level)
     return level
+
+
+def _has_regex(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(k in value for k in _REGEX_KEYS) or any(_has_regex(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_regex(v) for v in value)
+    return False
 
 
 def _remote_ref(value: Any) -> str | None:
@@ -102,8 +115,9 @@ def _validate(schema: dict[str, Any], value: Any) -> str | None:
 
 
 async def validate(schema: dict[str, Any], value: Any, limiter: anyio.CapacityLimiter) -> None:
-    """Check ``value`` against ``schema`` (already passed :func:`check_schema`) in a thread of
-    ``limiter`` (an abandoned check keeps its slot until it ends, so they cannot pile up).
+    """Check ``value`` against ``schema`` (already passed :func:`check_schema`): in a worker
+    process when the schema has regular expressions, else in a thread; ``limiter`` bounds the
+    checks at once.
 
     Raises:
         OutputInvalid: the value does not validate, or the check took longer than
@@ -111,7 +125,12 @@ async def validate(schema: dict[str, Any], value: Any, limiter: anyio.CapacityLi
     """
     try:
         with anyio.fail_after(VALIDATE_SECONDS):
-            problem = await anyio.to_thread.run_sync(_validate, schema, value, abandon_on_cancel=True, limiter=limiter)
+            if _has_regex(schema):
+                problem = await anyio.to_process.run_sync(_validate, schema, value, cancellable=True, limiter=limiter)
+            else:
+                problem = await anyio.to_thread.run_sync(
+                    _validate, schema, value, abandon_on_cancel=True, limiter=limiter
+                )
     except TimeoutError:
         raise OutputInvalid(f"checking the reply against the schema took longer than {VALIDATE_SECONDS:g} s") from None
     if problem:

@@ -20,7 +20,6 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import time
 from typing import Any
@@ -61,13 +60,15 @@ class Call(msgspec.Struct, frozen=True):
 
 
 class Reply(msgspec.Struct, frozen=True):
-    """What a runtime answered: the text, the model it says answered, and token usage in the turn
+    """What a runtime answered: the text, the model it says answered, token usage in the turn
     ``usage`` shape (``inputTokens``, ``outputTokens``, ``totalTokens``, ``cachedReadTokens``,
-    ``cachedWriteTokens``; only those it reported)."""
+    ``cachedWriteTokens``; only those it reported), and the cost it reported in USD, if any
+    (OpenRouter's ``usage.cost``)."""
 
     text: str
     model: str
     usage: dict[str, int]
+    cost: float | None = None
 
 
 class ReplyInvalid(ValueError):
@@ -198,7 +199,10 @@ def parse(runtime: ModelRuntime, payload: Any) -> Reply:
         usage = openai_usage(payload.get("usage"))
     if not text.strip():
         raise ReplyInvalid("the reply has no text")
-    return Reply(text=text, model=model or runtime.model, usage=usage)
+    raw_usage = payload.get("usage")
+    cost = raw_usage.get("cost") if isinstance(raw_usage, dict) else None
+    reported = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0 else None
+    return Reply(text=text, model=model or runtime.model, usage=usage, cost=reported)
 
 
 def _int(value: Any) -> int | None:
@@ -262,6 +266,8 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     value = value.strip()
     if value.isdigit():
         return float(value)
+    import email.utils  # here: only an HTTP-date Retry-After needs it
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

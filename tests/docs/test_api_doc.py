@@ -32,6 +32,8 @@ PARAMS = {  # example name -> the method whose params model it must fit
     "permission-params": "session.permission",
     "gateway-params": "xworkmate.gateway.request",
     "knowledge-read-params": "knowledge.read",
+    "llm-complete-params": "llm.complete",
+    "llm-structured-params": "llm.completeStructured",
 }
 RESULTS = {  # example name -> the method whose result model it must fit
     "capabilities-result": "acp.capabilities",
@@ -39,6 +41,8 @@ RESULTS = {  # example name -> the method whose result model it must fit
     "turn-result": "session.start",
     "turn-result-failed": "session.start",
     "system-logs-result": "system.logs",
+    "llm-complete-result": "llm.complete",
+    "llm-structured-result": "llm.completeStructured",
 }
 
 
@@ -93,6 +97,16 @@ def test_config_example_is_a_valid_configuration(monkeypatch, tmp_path):
     path.write_text(EXAMPLES["config"][1])
     config = load_config(str(path))
     assert config.load_warnings == () and isinstance(config, BridgeConfig)
+
+
+@pytest.mark.parametrize("name", ["llm-config", "principals-config"])
+def test_the_llm_and_principals_examples_are_valid_configurations(name, monkeypatch):
+    for variable in ("ALICE_TOKEN", "CI_TOKEN"):
+        monkeypatch.setenv(variable, f"{variable.lower()}-0123456789")
+    data = yaml.safe_load(EXAMPLES[name][1])
+    for entry in data.get("authTokens", []):
+        entry["token"] = "t-" + entry["name"] + "-0123456789"
+    convert(data, BridgeConfig)
 
 
 def test_gateway_config_example_is_the_defaults():
