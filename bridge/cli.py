@@ -28,7 +28,7 @@ import orjson
 
 from bridge import __version__
 from bridge.chat_view import ChatView, cited_sources, turn_summary
-from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.config import BridgeConfig, ConfigError, load_config, only_provider
 
 DEFAULT_URL = "http://127.0.0.1:8787"
 log = logging.getLogger("xworkmate_bridge")
@@ -128,6 +128,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.allow_insecure_no_auth:
         overrides["allowInsecureNoAuth"] = True
     config = load_config(args.config, overrides)
+    if args.only:
+        config = only_provider(config, args.only)
     _setup_logging(config)
     check_exposure(config)
     sockets = listen(config.host, config.port)  # before anything starts: a port in use fails here
@@ -143,6 +145,8 @@ def cmd_acp_stdio(args: argparse.Namespace) -> int:
     from bridge.stdio import serve_stdio
 
     config = load_config(args.config, {"stateDir": args.state_dir})
+    if args.only:
+        config = only_provider(config, args.only)
     _setup_logging(config)
 
     async def main() -> None:
@@ -389,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     token = _env("BRIDGE_AUTH_TOKEN")
     config_help = "YAML configuration (default: $BRIDGE_CONFIG_PATH, else ./xworkmate-bridge.yaml)"
     state_help = "where sessions are stored (default: the config's stateDir, else <dataDir>/state)"
+    only_help = "enable this one provider only (a configured id, a preset, knowledge, or openclaw)"
 
     def client_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -404,11 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-insecure-no-auth", action="store_true", help="allow listening off loopback with no token (unsafe)"
     )
     p.add_argument("--state-dir", help=state_help)
+    p.add_argument("--only", metavar="PROVIDER", help=only_help)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("acp-stdio", help="serve the same methods over stdin/stdout")
     p.add_argument("--config", help=config_help)
     p.add_argument("--state-dir", help=state_help)
+    p.add_argument("--only", metavar="PROVIDER", help=only_help)
     p.set_defaults(func=cmd_acp_stdio)
 
     p = sub.add_parser("call", help="send one request and print the response")
@@ -464,6 +471,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="where the source registry is kept (default: the config's stateDir)")
     p.set_defaults(func=cmd_sources)
     return parser
+
+
+def _adapter(provider_id: str) -> int:
+    """The original bridge's one-provider entry points: ``serve --only <provider>`` with the
+    rest of the command line as ``serve``'s flags."""
+    return main(["serve", "--only", provider_id, *sys.argv[1:]])
+
+
+def gemini_adapter() -> int:
+    return _adapter("gemini")
+
+
+def hermes_adapter() -> int:
+    return _adapter("hermes")
+
+
+def opencode_adapter() -> int:
+    return _adapter("opencode")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,6 +111,9 @@ class BridgeConfig(Settings, frozen=True):
     profile_dir: str = msgspec.field(default_factory=os.getcwd, name="-")
     """Where relative profile paths start: the config file's folder. Set by :func:`load_config`
     (which overwrites a ``-`` key of the file), not a configuration key."""
+    only: str | None = msgspec.field(default=None, name="-only")
+    """``serve --only PROVIDER``: the one provider this bridge enables (the knowledge provider and
+    the gateway only when they are it); not a configuration key (:func:`only_provider`)."""
     load_warnings: tuple[str, ...] = msgspec.field(default=(), name="-warnings")
     """What :func:`load_config` warns of (a variable set but empty), for the caller to log once
     logging is set up; not a configuration key."""
@@ -322,7 +325,8 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
 
-    for internal in [k for k in ("-", "-warnings", "profile_dir", "profileDir", "load_warnings") if k in data]:
+    internal_keys = ("-", "-warnings", "-only", "profile_dir", "profileDir", "load_warnings", "only")
+    for internal in [k for k in internal_keys if k in data]:
         problems.append(f"{internal}: unknown key")
         del data[internal]
     given_by: dict[str, str] = {}  # key -> where its value came from, when not from the file
@@ -378,6 +382,27 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         raise ConfigError(f"{source}: providers.openclaw: the id openclaw names the gateway (gateway:); pick another")
     msgspec.structs.force_setattr(config, "load_warnings", tuple(f"{source}: {w}" for w in warnings))
     return config
+
+
+def only_provider(config: BridgeConfig, provider_id: str) -> BridgeConfig:
+    """``config`` with ``provider_id`` as its one provider (``serve --only``, the
+    ``*-acp-adapter`` scripts): a configured provider or profile, a preset, ``knowledge`` (the
+    built-in knowledge provider) or ``openclaw`` (the configured gateway).
+
+    Raises:
+        ConfigError: no provider has that id.
+    """
+    from compat.acp.presets import PRESETS
+
+    known = [*(config.providers if config.providers is not None else PRESETS), *config.profiles]
+    known += [p for p in PRESETS if p not in known]
+    if config.knowledge.enabled and "knowledge" not in known:
+        known.append("knowledge")
+    if config.gateway is not None and config.gateway.enabled:
+        known.append("openclaw")
+    if provider_id not in known:
+        raise ConfigError(f"--only {provider_id}: no such provider (known: {', '.join(known)})")
+    return msgspec.structs.replace(config, only=provider_id)
 
 
 def _covers(a: str, b: str) -> bool:

@@ -45,6 +45,8 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
     """
     from compat.acp.presets import PRESETS
 
+    if config.only is not None:
+        return _only(config)
     if config.providers is None:
         entries: dict[str, ProviderConfig] = dict(PRESETS)
         enabled = set(entries)
@@ -62,6 +64,22 @@ def provider_configs(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], s
         entries[KNOWLEDGE_ID] = ProviderConfig(type="knowledge", label="Knowledge")
         enabled.add(KNOWLEDGE_ID)
     return entries, enabled
+
+
+def _only(config: BridgeConfig) -> tuple[dict[str, ProviderConfig], set[str]]:
+    """``provider_configs`` for ``serve --only``: the one entry (enabled), or none when the one
+    provider is a profile or the gateway."""
+    from compat.acp.presets import PRESETS
+
+    only = config.only
+    assert only is not None
+    configured = config.providers if config.providers is not None else PRESETS
+    entry = configured.get(only) or PRESETS.get(only)
+    if entry is None and only == KNOWLEDGE_ID and only not in config.profiles:
+        entry = ProviderConfig(type="knowledge", label="Knowledge")
+    if entry is None:
+        return {}, set()
+    return {only: entry}, {only}
 
 
 def build_adapter(
@@ -139,7 +157,8 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     capacity = AgentCapacity(config.limits.max_live_agents, config.timeouts.agent_capacity_timeout)
     for provider_id, entry in entries.items():
         adapters[provider_id] = build_adapter(provider_id, entry, config, knowledge, capacity)
-    for profile_id, profile in config.profiles.items():
+    profiles = {k: v for k, v in config.profiles.items() if config.only in (None, k)}
+    for profile_id, profile in profiles.items():
         adapters[profile_id] = ProfileAdapter(
             profile_id, profile, config.limits, config.timeouts, profile_dir=config.profile_dir, roots=config.roots()
         )
@@ -148,7 +167,7 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         reap_orphans_forever
     ]  # daemons an agent left behind that exited on their own
     gateway = None
-    if config.gateway is not None and config.gateway.enabled:
+    if config.gateway is not None and config.gateway.enabled and config.only in (None, "openclaw"):
         from compat.gateway.adapter import PROVIDER_ID, GatewayAdapter
         from compat.gateway.runtimes import GatewayRuntimes
 
