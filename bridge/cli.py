@@ -42,7 +42,7 @@ def _env(name: str) -> str | None:
 def _setup_logging(config: BridgeConfig) -> None:
     from bridge.logs import configure
 
-    configure(config.log_level)
+    configure(config.log_level, config.log_format)
     for warning in config.load_warnings:  # found before logging was set up
         log.warning("%s", warning)
 

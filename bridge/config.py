@@ -19,7 +19,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -88,6 +88,8 @@ class BridgeConfig(Settings, frozen=True):
     ws_ping_timeout: Seconds = 20.0
     sse_keepalive: Seconds = 15.0
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per log line (bridge.logs.JsonFormatter)."""
     allow_insecure_no_auth: bool = False
     data_dir: str | None = None
     """The bridge's own files (default ``$XDG_DATA_HOME/xworkmate-bridge``, else

@@ -23,6 +23,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from bridge.rpc import logctx
 from bridge.rpc.codec import Frame, Invalid, Reply, Request, Response, parse_frame
 from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, LimitReached, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
@@ -143,6 +144,7 @@ class Dispatcher:
         if method is not None and method.inline:
             return self.call_now(request, ctx, method)
         started = time.monotonic()
+        ids = logctx.bind(requestId=request.id, principal=ctx.principal)
         try:
             if method is None:
                 raise MethodNotFound(f"Method not found: {request.method[:200]}", method=request.method[:200])
@@ -151,16 +153,21 @@ class Dispatcher:
             reply = self._failed(request, exc)
         else:
             reply = Reply(request.id, result=result)
+        finally:
+            logctx.unbind(ids)
         self._observe(request, ctx, reply, started)
         return self._answer(request, reply)
 
     def call_now(self, request: Request, ctx: CallContext, method: Method) -> Reply | None:
         """``call`` for an inline method, without awaiting."""
         started = time.monotonic()
+        ids = logctx.bind(requestId=request.id, principal=ctx.principal)
         try:
             reply = Reply(request.id, method.handler(self._validated(method, request), ctx))
         except Exception as exc:
             reply = self._failed(request, exc)
+        finally:
+            logctx.unbind(ids)
         self._observe(request, ctx, reply, started)
         return self._answer(request, reply)
 

@@ -29,6 +29,7 @@ import anyio
 import msgspec
 from msgspec import UNSET
 
+from bridge.rpc import logctx
 from bridge.rpc.codec import cut_utf8, utf8_len
 from bridge.rpc.redact import redact
 from compat.base import (
@@ -257,6 +258,7 @@ class Turn:
 
     async def run(self) -> None:
         """Run the turn to its end; never raises (but for the cancellation of the caller)."""
+        logctx.bind(sessionId=self._session.session_id, turnId=self._spec.turn_id)  # this task's own context
         try:
             with self._scope:
                 await self._session.wait_turn(self)
