@@ -457,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.set_defaults(func=cmd_llm)
 
+    p = sub.add_parser("openrpc", help="print the bridge's contract as an OpenRPC document (rpc.discover)")
+    p.set_defaults(func=cmd_openrpc)
+
     p = sub.add_parser("providers", help="list providers and their probe status")
     p.add_argument("--local", action="store_true", help="read the configuration instead of asking the bridge")
     p.add_argument("--probe", action="store_true", help="with --local: run the full probe (ACP initialize)")
@@ -471,6 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="where the source registry is kept (default: the config's stateDir)")
     p.set_defaults(func=cmd_sources)
     return parser
+
+
+def cmd_openrpc(args: argparse.Namespace) -> int:
+    """Print the OpenRPC document (``xworkmate-bridge openrpc > docs/openrpc.json``)."""
+    from bridge.methods import openrpc_document
+    from bridge.openrpc import without_version
+
+    print(json.dumps(without_version(openrpc_document()), indent=2, ensure_ascii=False))
+    return 0
 
 
 def _adapter(provider_id: str) -> int:

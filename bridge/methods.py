@@ -18,11 +18,22 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
 from bridge.dispatch import CallContext, Dispatcher, Method, Observer
 from bridge.logs import RECENT
-from bridge.rpc.errors import NotFound, Unauthorized
+from bridge.rpc.errors import (
+    InternalError,
+    InvalidParams,
+    LimitReached,
+    LlmOverrideDenied,
+    ModelCallFailed,
+    NotFound,
+    RpcError,
+    SessionBusy,
+    Unauthorized,
+)
 from compat.params import validated
 from orchestrator.results import (
     AcceptedResult,
@@ -74,6 +85,10 @@ class Params:
         return validated(self.model, raw)
 
 
+COMMON_ERRORS: tuple[type[RpcError], ...] = (InvalidParams, Unauthorized, InternalError)
+"""Errors any method may answer: bad params, a missing or wrong token, a bridge failure."""
+
+
 class MethodSpec(msgspec.Struct, frozen=True):
     """One wire method.
 
@@ -85,6 +100,9 @@ class MethodSpec(msgspec.Struct, frozen=True):
         result: the result model (a union where a method has two shapes).
         inline: the handler never waits (a plain ``def``) and runs on the connection's reader, in
             arrival order; otherwise it is an ``async def`` run in a task of its own.
+        summary: one line for the OpenRPC document (``rpc.discover``).
+        errors: the JSON-RPC errors the method may answer besides those every method may
+            (``COMMON_ERRORS``).
     """
 
     name: str
@@ -92,6 +110,12 @@ class MethodSpec(msgspec.Struct, frozen=True):
     params: Params | None
     result: Any
     inline: bool
+    summary: str = ""
+    errors: tuple[type[RpcError], ...] = ()
+
+    @property
+    def all_errors(self) -> tuple[type[RpcError], ...]:
+        return (*COMMON_ERRORS, *self.errors)
 
     def bind(self, orch: Orchestrator) -> Method:
         validate = self.params.validate if self.params is not None else None
@@ -263,6 +287,18 @@ def _llm(orch: Orchestrator) -> LlmService:
     return orch.llm
 
 
+async def rpc_discover(orch: Orchestrator, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+    return await anyio.to_thread.run_sync(openrpc_document)  # pydantic's schemas take ~0.1 s, once
+
+
+@functools.cache
+def openrpc_document() -> dict[str, Any]:
+    """The OpenRPC document of :data:`METHODS` (``bridge.openrpc``), built once."""
+    from bridge.openrpc import document
+
+    return document(METHODS)
+
+
 def _registry(orch: Orchestrator, ctx: CallContext) -> KnowledgeRegistry:
     """The source registry, for an admin only: a registered source makes the bridge fetch a URL
     or read a folder.
@@ -296,36 +332,166 @@ _SESSION = Params(_MODELS, "SessionRef")
 _GATEWAY = Params(_MODELS, "GatewayParams")
 _LLM = "compat.llm.params"
 
+_SESSION_ERRORS = (NotFound,)
+_TURN_ERRORS = (SessionBusy, LimitReached)
+_LLM_ERRORS = (NotFound, LlmOverrideDenied, LimitReached, ModelCallFailed)
+_KNOWLEDGE_ERRORS = (NotFound,)
+
 METHODS: tuple[MethodSpec, ...] = (
-    MethodSpec("acp.capabilities", capabilities, None, CapabilitiesResult, inline=True),
     MethodSpec(
-        "xworkmate.routing.resolve", routing_resolve, Params(_MODELS, "ResolveParams"), ResolveResult, inline=True
+        "acp.capabilities",
+        capabilities,
+        None,
+        CapabilitiesResult,
+        inline=True,
+        summary="Providers, targets, probes, limits, and what the caller may use.",
     ),
-    MethodSpec("session.start", session_start, _TURN, TurnResult | UnavailableTurnResult, inline=False),
-    MethodSpec("session.message", session_message, _TURN, TurnResult | UnavailableTurnResult, inline=False),
-    MethodSpec("session.cancel", session_cancel, _SESSION, CancelResult, inline=True),
-    MethodSpec("session.close", session_close, _SESSION, CloseResult, inline=False),
     MethodSpec(
-        "session.subscribe", session_subscribe, Params(_MODELS, "SubscribeParams"), SubscribeResult, inline=False
+        "xworkmate.routing.resolve",
+        routing_resolve,
+        Params(_MODELS, "ResolveParams"),
+        ResolveResult,
+        inline=True,
+        summary="Choose an execution target, provider, model and skills for a prompt.",
     ),
-    MethodSpec("session.unsubscribe", session_unsubscribe, _SESSION, UnsubscribeResult, inline=True),
-    MethodSpec("session.get", session_get, _SESSION, SessionSnapshot, inline=False),
-    MethodSpec("session.result", session_result, Params(_MODELS, "ResultParams"), dict[str, Any], inline=False),
-    MethodSpec("session.list", session_list, Params(_MODELS, "ListParams"), SessionListResult, inline=False),
     MethodSpec(
-        "session.permission", session_permission, Params(_MODELS, "PermissionParams"), AcceptedResult, inline=True
+        "session.start",
+        session_start,
+        _TURN,
+        TurnResult | UnavailableTurnResult,
+        inline=False,
+        summary="Start a conversation with a turn; answers after the last session.update.",
+        errors=_TURN_ERRORS,
     ),
-    MethodSpec("system.logs", system_logs, Params(_MODELS, "SystemLogsParams"), SystemLogsResult, inline=True),
-    MethodSpec("xworkmate.gateway.connect", gateway_connect, _GATEWAY, GatewayConnectResult, inline=False),
-    MethodSpec("xworkmate.gateway.request", gateway_request, _GATEWAY, GatewayRequestResult, inline=False),
-    MethodSpec("xworkmate.gateway.disconnect", gateway_disconnect, _GATEWAY, AcceptedResult, inline=True),
-    MethodSpec("llm.complete", llm_complete, Params(_LLM, "CompleteParams"), LlmResult, inline=False),
+    MethodSpec(
+        "session.message",
+        session_message,
+        _TURN,
+        TurnResult | UnavailableTurnResult,
+        inline=False,
+        summary="Run the next turn of a session.",
+        errors=_TURN_ERRORS,
+    ),
+    MethodSpec(
+        "session.cancel",
+        session_cancel,
+        _SESSION,
+        CancelResult,
+        inline=True,
+        summary="Cancel the session's running turn.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "session.close",
+        session_close,
+        _SESSION,
+        CloseResult,
+        inline=False,
+        summary="Close a session and end its agent.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "session.subscribe",
+        session_subscribe,
+        Params(_MODELS, "SubscribeParams"),
+        SubscribeResult,
+        inline=False,
+        summary="Replay a session's updates after afterSeq, then stream the live ones.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "session.unsubscribe",
+        session_unsubscribe,
+        _SESSION,
+        UnsubscribeResult,
+        inline=True,
+        summary="Stop streaming a session's updates to this connection.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "session.get",
+        session_get,
+        _SESSION,
+        SessionSnapshot,
+        inline=False,
+        summary="A session's snapshot: state, provider, turns, lastSeq.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "session.result",
+        session_result,
+        Params(_MODELS, "ResultParams"),
+        dict[str, Any],
+        inline=False,
+        summary="A finished turn's full result, or its state while it runs.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "session.list",
+        session_list,
+        Params(_MODELS, "ListParams"),
+        SessionListResult,
+        inline=False,
+        summary="The caller's sessions, newest first, with a cursor.",
+    ),
+    MethodSpec(
+        "session.permission",
+        session_permission,
+        Params(_MODELS, "PermissionParams"),
+        AcceptedResult,
+        inline=True,
+        summary="Answer an agent's permission request.",
+        errors=_SESSION_ERRORS,
+    ),
+    MethodSpec(
+        "system.logs",
+        system_logs,
+        Params(_MODELS, "SystemLogsParams"),
+        SystemLogsResult,
+        inline=True,
+        summary="Bridge and gateway status, and (for administrators) recent log lines.",
+    ),
+    MethodSpec(
+        "xworkmate.gateway.connect",
+        gateway_connect,
+        _GATEWAY,
+        GatewayConnectResult,
+        inline=False,
+        summary="Connect a gateway runtime of this principal.",
+    ),
+    MethodSpec(
+        "xworkmate.gateway.request",
+        gateway_request,
+        _GATEWAY,
+        GatewayRequestResult,
+        inline=False,
+        summary="Send an allowed request to the OpenClaw gateway.",
+    ),
+    MethodSpec(
+        "xworkmate.gateway.disconnect",
+        gateway_disconnect,
+        _GATEWAY,
+        AcceptedResult,
+        inline=True,
+        summary="Disconnect a gateway runtime.",
+    ),
+    MethodSpec(
+        "llm.complete",
+        llm_complete,
+        Params(_LLM, "CompleteParams"),
+        LlmResult,
+        inline=False,
+        summary="One model call on a runtime the bridge holds.",
+        errors=_LLM_ERRORS,
+    ),
     MethodSpec(
         "llm.completeStructured",
         llm_complete_structured,
         Params(_LLM, "StructuredParams"),
         LlmResult,
         inline=False,
+        summary="One model call whose reply is JSON checked against a schema.",
+        errors=_LLM_ERRORS,
     ),
     MethodSpec(
         "knowledge.sources",
@@ -333,14 +499,26 @@ METHODS: tuple[MethodSpec, ...] = (
         Params(_KNOWLEDGE, "SourcesParams"),
         KnowledgeSourcesResult,
         inline=False,
+        summary="The knowledge sources, their readiness and capabilities.",
+        errors=_KNOWLEDGE_ERRORS,
     ),
-    MethodSpec("knowledge.read", knowledge_read, Params(_KNOWLEDGE, "ReadParams"), KnowledgeReadResult, inline=False),
+    MethodSpec(
+        "knowledge.read",
+        knowledge_read,
+        Params(_KNOWLEDGE, "ReadParams"),
+        KnowledgeReadResult,
+        inline=False,
+        summary="One node of a knowledge source's tree and its children.",
+        errors=_KNOWLEDGE_ERRORS,
+    ),
     MethodSpec(
         "knowledge.sources.add",
         knowledge_sources_add,
         Params(_REGISTRY, "SourceAddParams"),
         KnowledgeRegistryResult,
         inline=False,
+        summary="Register a knowledge source (administrators).",
+        errors=(*_KNOWLEDGE_ERRORS, LimitReached),
     ),
     MethodSpec(
         "knowledge.sources.update",
@@ -348,6 +526,8 @@ METHODS: tuple[MethodSpec, ...] = (
         Params(_REGISTRY, "SourceUpdateParams"),
         KnowledgeRegistryResult,
         inline=False,
+        summary="Change a registered knowledge source (administrators).",
+        errors=_KNOWLEDGE_ERRORS,
     ),
     MethodSpec(
         "knowledge.sources.remove",
@@ -355,6 +535,8 @@ METHODS: tuple[MethodSpec, ...] = (
         Params(_REGISTRY, "SourceRemoveParams"),
         KnowledgeRegistryResult,
         inline=False,
+        summary="Remove a registered knowledge source (administrators).",
+        errors=_KNOWLEDGE_ERRORS,
     ),
     MethodSpec(
         "knowledge.sources.select",
@@ -362,6 +544,16 @@ METHODS: tuple[MethodSpec, ...] = (
         Params(_REGISTRY, "SourceSelectParams"),
         KnowledgeRegistryResult,
         inline=False,
+        summary="Choose the registered sources turns use, and the runtime connection (administrators).",
+        errors=_KNOWLEDGE_ERRORS,
+    ),
+    MethodSpec(
+        "rpc.discover",
+        rpc_discover,
+        None,
+        dict[str, Any],
+        inline=False,
+        summary="This contract as an OpenRPC document.",
     ),
 )
 """Every wire method, in the order ``acp.capabilities`` lists them."""
