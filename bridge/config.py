@@ -107,6 +107,9 @@ class BridgeConfig(Settings, frozen=True):
     an allow-list of fields, never a prompt or a secret (bridge.audit)."""
     io_log: str | None = None
     """A file for the whole exchange of every request, secrets redacted (local debugging)."""
+    metrics_public: bool = False
+    """True: ``GET /metrics`` needs no token (it shows every principal's activity; default: only
+    ``adminPrincipals`` may read it)."""
     admin_principals: list[str] = msgspec.field(default_factory=lambda: [LOCAL_PRINCIPAL])
     """Principals that administer the bridge: read ``system.logs`` (and, later, the knowledge
     source registry and metrics)."""

@@ -32,6 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from bridge.config import BridgeConfig
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import LimitReached
+from compat.telemetry import METRICS
 
 log = logging.getLogger("xworkmate_bridge")
 Address = tuple[str, int]
@@ -78,6 +79,7 @@ class ConnectionGuard:
             which, value = "maxUnauthenticatedConnections", self.max_unauthenticated
         if which is not None:
             self.refused += 1
+            METRICS.limit_refusals.inc(which)
             if self.refused in (1, 100) or self.refused % 10_000 == 0:
                 log.warning("connection refused: %s (%d) reached; %d refused so far", which, value, self.refused)
             error = LimitReached(f"too many connections ({which} {value}); try again later", limit=which, value=value)

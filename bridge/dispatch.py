@@ -28,6 +28,7 @@ from bridge.rpc.codec import Frame, Invalid, Reply, Request, Response, parse_fra
 from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, LimitReached, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
+from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +173,24 @@ class Dispatcher:
         return self._answer(request, reply)
 
     def _observe(self, request: Request, ctx: CallContext, reply: Reply, started: float) -> None:
+        seconds = time.monotonic() - started
+        method = request.method if request.method in self._methods else "other"
+        error = reply.error
+        if error is None:
+            METRICS.requests.inc(method, "ok")
+        else:
+            raw = error.get("data")
+            data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            name = str(data.get("code") or error.get("code"))[:64]
+            METRICS.requests.inc(method, name)
+            if name == "LIMIT_REACHED":
+                METRICS.limit_refusals.inc(str(data.get("limit") or "other")[:64])
+            elif name == "SESSION_BUSY":
+                METRICS.limit_refusals.inc(f"session:{str(data.get('reason') or 'busy')[:32]}")
+        METRICS.request_seconds.observe(seconds, method)
         if self._observer is not None:
             try:
-                self._observer(request, ctx.principal, reply, time.monotonic() - started)
+                self._observer(request, ctx.principal, reply, seconds)
             except Exception:
                 log.exception("the request log failed")
 

@@ -44,6 +44,7 @@ from bridge.rpc.errors import InvalidRequest, LimitReached, NotFound, OriginNotA
 from bridge.rpc.stream import EnvelopeStream
 from bridge.settings_page import settings_routes
 from bridge.ws import AcpWebSocket, deny
+from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,10 @@ def create_app(
         routes.append(Route("/mcp", Guarded(mcp_app, auth, origins, connections), methods=["GET", "POST", "DELETE"]))
     if a2a_app is not None:
         routes.extend(a2a_app.routes(lambda inner: Guarded(inner, auth, origins, connections)))
+    from bridge.metrics import MetricsEndpoint  # prometheus-client itself loads with the first scrape
+
+    metrics = MetricsEndpoint(frozenset(config.admin_principals), public=config.metrics_public)
+    routes.append(Route("/metrics", metrics if config.metrics_public else Guarded(metrics, auth, origins, connections)))
     limit = config.limits.max_message_bytes  # GET /settings and its REST routes:
     routes.extend(settings_routes(dispatcher, lambda inner: Guarded(inner, auth, origins, connections), limit))
     handlers = {404: _http_error, 405: _http_error}
@@ -171,9 +176,11 @@ class BridgeApp:
         if scope["type"] == "websocket":
             await (self._acp if scope["path"] == "/acp" else self.starlette)(scope, receive, send)
             return
+        METRICS.connections.add(1, "http")
         try:
             await self.starlette(scope, receive, send)
         finally:
+            METRICS.connections.add(-1, "http")
             self.connections.request_ended(client)
 
 

@@ -20,6 +20,7 @@ from bridge.dispatch import CallContext, Dispatcher, run_closers
 from bridge.outbox import Outbox
 from bridge.rpc.codec import Frame
 from bridge.rpc.stream import EnvelopeStream
+from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +81,15 @@ class SseReply(EventSourceResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._client = scope.get("client")
-        async with anyio.create_task_group() as tg:
-            self._rpc_scope = tg.cancel_scope
-            tg.start_soon(self._produce)
-            await super().__call__(scope, receive, send)
-            tg.cancel_scope.cancel()
+        METRICS.connections.add(1, "sse")
+        try:
+            async with anyio.create_task_group() as tg:
+                self._rpc_scope = tg.cancel_scope
+                tg.start_soon(self._produce)
+                await super().__call__(scope, receive, send)
+                tg.cancel_scope.cancel()
+        finally:
+            METRICS.connections.add(-1, "sse")
 
     async def _produce(self) -> None:
         try:

@@ -35,6 +35,7 @@ from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest
 from bridge.rpc.stream import EnvelopeStream
+from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,13 @@ class _StdioLink:
         self._stop_signals = stop_signals
 
     async def run(self) -> None:
+        METRICS.connections.add(1, "stdio")
+        try:
+            await self._run()
+        finally:
+            METRICS.connections.add(-1, "stdio")
+
+    async def _run(self) -> None:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop)

@@ -9,6 +9,7 @@ inherits the preset's command, args, label and modelFlag where it leaves them ou
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,6 +29,7 @@ from compat.llm.settings import KNOWLEDGE_RUNTIME_ID
 from compat.process.descendants import reap_orphans_forever
 from compat.profile.adapter import ProfileAdapter
 from compat.settings import ProviderConfig
+from compat.telemetry import METRICS
 from orchestrator.registry import ProviderRegistry
 from orchestrator.service import Orchestrator
 from orchestrator.store import Retention, SqliteStore
@@ -181,7 +183,7 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
     registry = ProviderRegistry(adapters, enabled, config.timeouts.probe_interval)
     keep_recent()  # the log lines system.logs returns
     info: dict[str, Any] = {"name": "xworkmate-bridge", "version": __version__, "contractVersion": CONTRACT_VERSION}
-    return Orchestrator(
+    orch = Orchestrator(
         registry,
         config.roots(),
         config.limits,
@@ -197,6 +199,24 @@ def build_orchestrator(config: BridgeConfig) -> Orchestrator:
         remote_workspaces=remote if (remote := config.remote_workspaces) is not None else not is_loopback(config.host),
         store=build_store(config),
     )
+    watch_sessions(orch)
+    return orch
+
+
+def watch_sessions(orch: Orchestrator) -> None:
+    """The sessions gauge reads ``orch`` (weakly: a test's orchestrators come and go)."""
+    ref = weakref.ref(orch)
+
+    def loaded() -> int:
+        found = ref()
+        return len(found.sessions) if found is not None else 0
+
+    def running() -> int:
+        found = ref()
+        return found.limits.max_running_turns - int(found.running.value) if found is not None else 0
+
+    METRICS.sessions.set_function(loaded, "loaded")
+    METRICS.sessions.set_function(running, "running")
 
 
 def build_store(config: BridgeConfig) -> SqliteStore | None:

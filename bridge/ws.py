@@ -32,6 +32,7 @@ from bridge.outbox import Outbox
 from bridge.rpc.codec import Reply
 from bridge.rpc.errors import InvalidRequest, OriginNotAllowed, RpcError, Unauthorized
 from bridge.rpc.stream import EnvelopeStream
+from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ class Connection:
     async def run(self) -> None:
         """Serve until the peer leaves or is dropped; in-flight handlers are then cancelled, and
         the connection's subscriptions end."""
+        METRICS.connections.add(1, "websocket")
         try:
             with self._scope:
                 async with anyio.create_task_group() as tg:
@@ -191,6 +193,7 @@ class Connection:
                     await self._read_loop(tg)
                     tg.cancel_scope.cancel()
         finally:
+            METRICS.connections.add(-1, "websocket")
             run_closers(self._closers)
         self._outbox.close()
         if self._close_code is not None:

@@ -23,6 +23,7 @@ import msgspec
 from bridge.rpc.codec import dumps
 from bridge.rpc.errors import LimitReached, SessionBusy
 from compat.base import ProviderSession
+from compat.telemetry import METRICS
 from orchestrator.machine import Trigger
 from orchestrator.store import HISTORY_KEPT, SEQ_BLOCK, SessionRecord, Store, TurnRecord
 
@@ -118,6 +119,7 @@ class StreamListener:
         self._backlog = backlog
 
     def deliver(self, params: dict[str, Any]) -> None:
+        METRICS.updates_sent.inc()
         self._notify("session.update", params)
 
     def backlog(self) -> int:

@@ -46,6 +46,7 @@ from compat.base import (
     WaitingEvent,
 )
 from compat.settings import Limits, Timeouts
+from compat.telemetry import METRICS
 from orchestrator import artifacts, updates
 from orchestrator.machine import Trigger, TurnMachine, TurnState
 from orchestrator.results import TurnErrorInfo, TurnResult
@@ -424,6 +425,8 @@ class Turn:
         self.fire(Trigger.FINISHED)
         resolution = self._spec.resolution
         self._host.registry.note_turn(resolution.provider_key, status, code, message)
+        METRICS.turns.inc(resolution.provider_key, status)
+        METRICS.turn_seconds.observe(time.monotonic() - self._started, resolution.provider_key)
         self._record(output)
         log.info(
             "turn %s on %s ended %s%s in %.2fs",
@@ -574,6 +577,8 @@ class Turn:
         if passed:
             text = cut_utf8(text, room)
             size = utf8_len(text)
+        if not self._parts and self._started:
+            METRICS.first_delta_seconds.observe(time.monotonic() - self._started, self._spec.resolution.provider_key)
         self._parts.append(text)
         self._output_bytes += size
         if text:

@@ -45,6 +45,7 @@ from compat.base import TurnError, TurnOutcome, TurnRequest, TurnSink, TurnStatu
 from compat.peer import Call, NotificationHandler, PeerError, RequestHandler, ResponseError
 from compat.process.spawn import SpawnError
 from compat.settings import Limits, ProviderConfig, Timeouts
+from compat.telemetry import METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -380,14 +381,17 @@ class AcpSession:
         # Only while this turn's prompt is out: a request right behind the prompt's answer could
         # never be answered before the turn's end, and one between turns has nobody to ask.
         if turn is None or prompt is None or prompt.answered:
+            METRICS.permissions.inc("no_turn")
             return permission_outcome(None)
         policy = self._config.permission_policy
         if policy != "ask":
+            METRICS.permissions.inc(f"policy_{policy}")
             return permission_outcome(choose_option(policy, options))
         raw_call = params.get("toolCall")
         tool_call: dict[str, Any] = raw_call if isinstance(raw_call, dict) else {}
         choice = await turn.sink.ask_permission(tool_call, options)  # None once the turn stops running
         valid = {o.get("optionId") for o in options}
+        METRICS.permissions.inc("client_answered" if choice in valid else "cancelled")
         return permission_outcome(choice if choice in valid else None)
 
     # ---- outcome and idle reaping -----------------------------------------------------------------

@@ -33,6 +33,7 @@ from compat.knowledge.retrieval import Route, excluded_ids, route
 from compat.knowledge.runtime import PromptContext, RuntimeClient, RuntimeFailure, build_request, complete
 from compat.knowledge.settings import KnowledgeSettings
 from compat.knowledge.sources.base import Capabilities, KnowledgeSource
+from compat.telemetry import METRICS
 
 if TYPE_CHECKING:
     from compat.knowledge.params import RetrievalIntent
@@ -142,6 +143,8 @@ async def gather(
                     log.warning("knowledge source %s failed: %s", source.descriptor.id, type(exc).__name__)
                     result = SourceResult(source, error=SourceError("error", "failed unexpectedly"))
             result.latency_ms = _ms(start)
+            outcome = "ok" if result.error is None else result.error.reason
+            METRICS.source_calls.inc(source.descriptor.protocol, outcome)
             results[index] = result
             on_done(result)
 

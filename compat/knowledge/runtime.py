@@ -26,6 +26,7 @@ from compat.knowledge.evidence import Evidence
 from compat.knowledge.settings import RuntimeSettings
 from compat.knowledge.shapes import as_dict
 from compat.llm.wire import error_message, openai_usage
+from compat.telemetry import METRICS
 
 if TYPE_CHECKING:
     import httpx
@@ -237,6 +238,22 @@ class RuntimeClient:
 
 
 async def complete(
+    settings: RuntimeSettings, body: dict[str, Any], on_delta: Callable[[str], None], pool: RuntimeClient | None = None
+) -> Completion:
+    """:func:`stream_completion`, counted in the model-call metrics under the runtime's
+    ``llm.runtimes`` id."""
+    runtime_id = settings.id or "knowledge"
+    try:
+        completion = await stream_completion(settings, body, on_delta, pool)
+    except RuntimeFailure as exc:
+        METRICS.model_calls.inc(runtime_id, exc.reason)
+        raise
+    METRICS.model_calls.inc(runtime_id, "ok")
+    METRICS.tokens(runtime_id, completion.usage)
+    return completion
+
+
+async def stream_completion(
     settings: RuntimeSettings, body: dict[str, Any], on_delta: Callable[[str], None], pool: RuntimeClient | None = None
 ) -> Completion:
     """POST ``body`` and stream the answer to ``on_delta`` as it arrives.

@@ -33,6 +33,7 @@ from compat.llm import structured, wire
 from compat.llm.gate import Gate
 from compat.llm.settings import LlmSettings, ModelRuntime
 from compat.llm.wire import Call, JsonRequest, Reply
+from compat.telemetry import METRICS
 
 if TYPE_CHECKING:
     import httpx
@@ -252,8 +253,9 @@ class LlmService:
             max_tokens = min(params.max_tokens or runtime.max_tokens, runtime.max_tokens)
             call = Call(messages, model, max_tokens, params.temperature, json_request)
             try:
-                return await self._post(runtime, call), runtime
+                reply = await self._post(runtime, call)
             except _Failure as failure:
+                METRICS.model_calls.inc(runtime.id, failure.reason)
                 attempt: dict[str, Any] = {"provider": runtime.id, "reason": failure.reason}
                 if failure.status is not None:
                     attempt["httpStatus"] = failure.status
@@ -261,6 +263,10 @@ class LlmService:
                 last = failure
                 if not failure.retryable:
                     break
+            else:
+                METRICS.model_calls.inc(runtime.id, "ok")
+                METRICS.tokens(runtime.id, reply.usage)
+                return reply, runtime
         assert last is not None or attempts
         failure = last or _Failure("retry_after", "every runtime asked for a pause (Retry-After)")
         data: dict[str, Any] = {"reason": failure.reason, "provider": attempts[-1]["provider"], "attempts": attempts}
