@@ -80,6 +80,11 @@ def build_app(config: BridgeConfig) -> Any:
     from bridge.wiring import build_orchestrator
 
     orch = build_orchestrator(config)
+    tracer = None
+    if config.tracing is not None:
+        from bridge import tracing
+
+        tracer = tracing.start(config.tracing)
     mcp = a2a = None
     if orch.knowledge is not None:
         from bridge.a2a_server import create_a2a_app
@@ -104,6 +109,10 @@ def build_app(config: BridgeConfig) -> Any:
         finally:
             if requests is not None:
                 await anyio.to_thread.run_sync(requests.close)
+            if tracer is not None:
+                from bridge import tracing
+
+                await anyio.to_thread.run_sync(tracing.stop, tracer)
 
     def editor(
         write: Callable[[bytes], None], backlog: Callable[[], int], principal: str, connection_id: str

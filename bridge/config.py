@@ -64,6 +64,14 @@ class NamedToken(Settings, frozen=True):
     token: Annotated[str, msgspec.Meta(min_length=1)]
 
 
+class TracingSettings(Settings, frozen=True):
+    """``tracing:``: OpenTelemetry spans, exported over OTLP/HTTP to ``otlp_endpoint``
+    (``http://collector:4318/v1/traces``). Absent: tracing is off and nothing of it is loaded."""
+
+    otlp_endpoint: str | None = None
+    service_name: str = "xworkmate-bridge"
+
+
 class BridgeConfig(Settings, frozen=True):
     """The whole validated configuration (see docs/api.md for every key); build it with
     :func:`load_config` (or :func:`compat.settings.convert` for data already in memory)."""
@@ -107,6 +115,8 @@ class BridgeConfig(Settings, frozen=True):
     an allow-list of fields, never a prompt or a secret (bridge.audit)."""
     io_log: str | None = None
     """A file for the whole exchange of every request, secrets redacted (local debugging)."""
+    tracing: TracingSettings | None = None
+    """OpenTelemetry tracing (docs/api.md "Tracing"); off when absent."""
     metrics_public: bool = False
     """True: ``GET /metrics`` needs no token (it shows every principal's activity; default: only
     ``adminPrincipals`` may read it)."""
@@ -152,6 +162,9 @@ class BridgeConfig(Settings, frozen=True):
         (``baseUrl``, ``model``, ``apiKeyEnv``, ``timeoutSeconds``) defines the entry ``knowledge``."""
         runtime, llm = self.knowledge.runtime, self.llm
         if runtime.id is not None:
+            entry = llm.runtime(runtime.id)
+            if entry is not None and (runtime.base_url, runtime.model) == (entry.base_url, entry.model):
+                return  # linked already (msgspec.structs.replace runs this again)
             if runtime.base_url or runtime.model or runtime.api_key_env:
                 raise FieldInvalid("knowledge.runtime", "give either id (an llm.runtimes entry) or baseUrl and model")
             entry = llm.runtime(runtime.id)

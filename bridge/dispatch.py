@@ -28,6 +28,7 @@ from bridge.rpc.codec import Frame, Invalid, Reply, Request, Response, parse_fra
 from bridge.rpc.errors import InternalError, InvalidParams, InvalidRequest, LimitReached, MethodNotFound, RpcError
 from bridge.rpc.redact import redact
 from bridge.rpc.stream import EnvelopeStream
+from compat import tracing
 from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,12 @@ class Method(msgspec.Struct, frozen=True):
     params: Callable[[dict[str, Any]], Any] | None = None
 
 
+def _annotate(span: Any, reply: Reply) -> None:
+    if span is not None and reply.error is not None:
+        code = reply.error.get("code")
+        tracing.annotate(span, **{"rpc.jsonrpc.error_code": code if isinstance(code, int) else None})
+
+
 def _params(request: Request) -> dict[str, Any]:
     if request.params is None:
         return {}
@@ -147,13 +154,16 @@ class Dispatcher:
         started = time.monotonic()
         ids = logctx.bind(requestId=request.id, principal=ctx.principal)
         try:
-            if method is None:
-                raise MethodNotFound(f"Method not found: {request.method[:200]}", method=request.method[:200])
-            result = await method.handler(self._validated(method, request), ctx)
-        except Exception as exc:
-            reply = self._failed(request, exc)
-        else:
-            reply = Reply(request.id, result=result)
+            with tracing.span(*self._span(request), server=True) as span:
+                try:
+                    if method is None:
+                        raise MethodNotFound(f"Method not found: {request.method[:200]}", method=request.method[:200])
+                    result = await method.handler(self._validated(method, request), ctx)
+                except Exception as exc:
+                    reply = self._failed(request, exc)
+                else:
+                    reply = Reply(request.id, result=result)
+                _annotate(span, reply)
         finally:
             logctx.unbind(ids)
         self._observe(request, ctx, reply, started)
@@ -164,13 +174,22 @@ class Dispatcher:
         started = time.monotonic()
         ids = logctx.bind(requestId=request.id, principal=ctx.principal)
         try:
-            reply = Reply(request.id, method.handler(self._validated(method, request), ctx))
-        except Exception as exc:
-            reply = self._failed(request, exc)
+            with tracing.span(*self._span(request), server=True) as span:
+                try:
+                    reply = Reply(request.id, method.handler(self._validated(method, request), ctx))
+                except Exception as exc:
+                    reply = self._failed(request, exc)
+                _annotate(span, reply)
         finally:
             logctx.unbind(ids)
         self._observe(request, ctx, reply, started)
         return self._answer(request, reply)
+
+    def _span(self, request: Request) -> tuple[str, dict[str, str]]:
+        """A request span's name and attributes (OpenTelemetry's RPC conventions; unknown methods
+        are ``other``, so a client cannot make names up)."""
+        method = request.method if request.method in self._methods else "other"
+        return f"rpc {method}", {"rpc.system": "jsonrpc", "rpc.method": method}
 
     def _observe(self, request: Request, ctx: CallContext, reply: Reply, started: float) -> None:
         seconds = time.monotonic() - started

@@ -44,6 +44,7 @@ from bridge.rpc.errors import InvalidRequest, LimitReached, NotFound, OriginNotA
 from bridge.rpc.stream import EnvelopeStream
 from bridge.settings_page import settings_routes
 from bridge.ws import AcpWebSocket, deny
+from compat import tracing
 from compat.telemetry import METRICS
 
 log = logging.getLogger(__name__)
@@ -308,8 +309,10 @@ class RpcEndpoint:
         return lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.handle(Request(scope, receive))
-        await response(scope, receive, send)
+        request = Request(scope, receive)
+        with tracing.parent_from(request.headers) if tracing.enabled() else nullcontext():
+            response = await self.handle(request)
+            await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Response:
         origins = request.headers.getlist("origin")  # a request carrying two is judged by both

@@ -32,6 +32,7 @@ from msgspec import UNSET
 from bridge.rpc import logctx
 from bridge.rpc.codec import cut_utf8, utf8_len
 from bridge.rpc.redact import redact
+from compat import tracing
 from compat.base import (
     Attachment,
     ClientLink,
@@ -260,20 +261,30 @@ class Turn:
     async def run(self) -> None:
         """Run the turn to its end; never raises (but for the cancellation of the caller)."""
         logctx.bind(sessionId=self._session.session_id, turnId=self._spec.turn_id)  # this task's own context
-        try:
-            with self._scope:
-                await self._session.wait_turn(self)
-                self.fire(Trigger.ADMIT)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._report_waits)
-                    await self._execute()
-                    tg.cancel_scope.cancel()
-        except Exception:
-            log.exception("turn %s on session %s failed unexpectedly", self.turn_id, self._session.session_id[:80])
-            if self.machine.allows(Trigger.CRASH):
-                self.fire(Trigger.CRASH)
-        finally:
-            self._finish()  # never awaits: a cancelled caller still gets the turn's end
+        with tracing.span("turn", {"xworkmate.provider": self._spec.resolution.provider_key}) as span:
+            try:
+                with self._scope:
+                    await self._session.wait_turn(self)
+                    self.fire(Trigger.ADMIT)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._report_waits)
+                        await self._execute()
+                        tg.cancel_scope.cancel()
+            except Exception:
+                log.exception("turn %s on session %s failed unexpectedly", self.turn_id, self._session.session_id[:80])
+                if self.machine.allows(Trigger.CRASH):
+                    self.fire(Trigger.CRASH)
+            finally:
+                self._finish()  # never awaits: a cancelled caller still gets the turn's end
+                result = self.result
+                tracing.annotate(
+                    span,
+                    **{
+                        "xworkmate.turn_id": self.turn_id,
+                        "xworkmate.status": getattr(result, "status", None),
+                        "xworkmate.stop_reason": getattr(result, "stop_reason", None) or None,
+                    },
+                )
 
     async def _execute(self) -> None:
         spec, host = self._spec, self._host

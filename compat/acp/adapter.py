@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 
 from bridge.rpc.redact import redact, register_env_secrets
+from compat import tracing
 from compat.acp.capacity import AgentCapacity
 from compat.acp.connection import KILL_GRACE, AcpConnection, ClientRequestHandler
 from compat.acp.session import AcpSession
@@ -164,10 +165,11 @@ class AcpAdapter:
         argv = self._argv()
         if launch_model and self.config.model_flag:
             argv += [self.config.model_flag, launch_model]
-        conn = await self._spawn(
-            argv, cwd, launch_model, on_update, on_permission, client_capabilities, on_client_request
-        )
-        await self._host.start(conn.run)
+        with tracing.span("agent.start", {"xworkmate.provider": self.info.provider_id}):
+            conn = await self._spawn(
+                argv, cwd, launch_model, on_update, on_permission, client_capabilities, on_client_request
+            )
+            await self._host.start(conn.run)
         return conn
 
     def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from compat import tracing
 from compat.base import StatusEvent, TextDelta, TurnError, TurnOutcome, TurnSink
 from compat.knowledge import answers, reading
 from compat.knowledge import diagnostics as diag
@@ -134,16 +135,22 @@ async def gather(
             start = time.monotonic()
             fixed = plan.routes[index] if plan.routes else None
             result = SourceResult(source, error=SourceError("timeout", "did not answer in time"))
-            with anyio.move_on_after(settings.source_timeout_seconds):
-                try:
-                    result = await _ask(source, fixed, plan, turn, discover, selected)
-                except SourceError as exc:
-                    result = SourceResult(source, error=exc)
-                except Exception as exc:  # a source bug is that source's failure, not the turn's
-                    log.warning("knowledge source %s failed: %s", source.descriptor.id, type(exc).__name__)
-                    result = SourceResult(source, error=SourceError("error", "failed unexpectedly"))
+            attributes = {
+                "xworkmate.source_type": source.descriptor.protocol,
+                "xworkmate.source_id": source.descriptor.id,
+            }
+            with tracing.span("knowledge.source", attributes) as span:
+                with anyio.move_on_after(settings.source_timeout_seconds):
+                    try:
+                        result = await _ask(source, fixed, plan, turn, discover, selected)
+                    except SourceError as exc:
+                        result = SourceResult(source, error=exc)
+                    except Exception as exc:  # a source bug is that source's failure, not the turn's
+                        log.warning("knowledge source %s failed: %s", source.descriptor.id, type(exc).__name__)
+                        result = SourceResult(source, error=SourceError("error", "failed unexpectedly"))
+                outcome = "ok" if result.error is None else result.error.reason
+                tracing.annotate(span, **{"xworkmate.outcome": outcome})
             result.latency_ms = _ms(start)
-            outcome = "ok" if result.error is None else result.error.reason
             METRICS.source_calls.inc(source.descriptor.protocol, outcome)
             results[index] = result
             on_done(result)

@@ -22,6 +22,7 @@ import anyio
 import msgspec
 
 from bridge.rpc.redact import register_secret
+from compat import tracing
 from compat.knowledge.evidence import Evidence
 from compat.knowledge.settings import RuntimeSettings
 from compat.knowledge.shapes import as_dict
@@ -227,7 +228,9 @@ class RuntimeClient:
         if self._client is None:
             import httpx  # here, not at the top: a bridge without a runtime model never needs it (~15 ms)
 
-            self._client = httpx.AsyncClient(follow_redirects=False, timeout=None)
+            self._client = httpx.AsyncClient(
+                follow_redirects=False, timeout=None, event_hooks={"request": [tracing.httpx_request_hook]}
+            )
         return self._client
 
     async def aclose(self) -> None:
@@ -244,7 +247,9 @@ async def complete(
     ``llm.runtimes`` id."""
     runtime_id = settings.id or "knowledge"
     try:
-        completion = await stream_completion(settings, body, on_delta, pool)
+        attributes = {"xworkmate.runtime": runtime_id, "gen_ai.request.model": settings.model or ""}
+        with tracing.span("model.call", attributes):
+            completion = await stream_completion(settings, body, on_delta, pool)
     except RuntimeFailure as exc:
         METRICS.model_calls.inc(runtime_id, exc.reason)
         raise

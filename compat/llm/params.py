@@ -33,7 +33,27 @@ class TextPart(_Params):
 
 
 class ImageUrl(_Params):
+    """An http(s) URL, or a ``data:image/<type>;base64,`` URL with base64 data (no ``file:``,
+    internal schemes or other media types reach a runtime)."""
+
     url: str = Field(min_length=1, max_length=MAX_TEXT)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if value.startswith(("https://", "http://")):
+            return value
+        head, comma, data = value.partition(",")
+        mime = head.removeprefix("data:").removesuffix(";base64")
+        if (
+            head.startswith("data:")
+            and head.endswith(";base64")
+            and comma
+            and _MIME.match(mime)
+            and _BASE64.match(data)
+        ):
+            return value
+        raise ValueError("url must be an http(s) URL or a data:image/…;base64, URL")
 
 
 class ImageUrlPart(_Params):

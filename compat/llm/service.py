@@ -29,6 +29,7 @@ import anyio
 
 from bridge.rpc.errors import InvalidParams, LimitReached, ModelCallFailed
 from bridge.rpc.redact import redact, register_secret
+from compat import tracing
 from compat.llm import structured, wire
 from compat.llm.gate import Gate
 from compat.llm.settings import LlmSettings, ModelRuntime
@@ -76,7 +77,9 @@ class LlmService:
         self._checks: anyio.CapacityLimiter | None = None
         for runtime in settings.runtimes:
             if runtime.api_key_env:
-                register_secret(os.environ.get(runtime.api_key_env))
+                key = os.environ.get(runtime.api_key_env) or ""
+                register_secret(key)
+                register_secret(key.strip())  # the value sent: an env file's trailing newline is not
 
     @property
     def available(self) -> bool:
@@ -148,8 +151,6 @@ class LlmService:
             InvalidParams: -32602, also a ``jsonSchema`` refused by ``structured.check_schema``;
             the rest as :meth:`complete`.
         """
-        if params.json_schema is not None:
-            structured.check_schema(params.json_schema)
         system = "\n\n".join(p for p in (params.system_prompt, params.instructions) if p and p.strip())
         content: list[dict[str, Any]] = []
         for block in params.input:
@@ -161,7 +162,7 @@ class LlmService:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": content}]
         wants_json = params.json_schema is not None or params.json_mode
         json_request = JsonRequest(params.json_schema, params.schema_name or "result") if wants_json else None
-        reply, runtime, attempts = await self._run(principal, params, messages, json_request)
+        reply, runtime, attempts = await self._run(principal, params, messages, json_request, params.json_schema)
         result = self._result(principal, params, reply, runtime, attempts, params.schema_name)
         result.update(contentType="text", parsed=None)
         if json_request is None:
@@ -179,10 +180,17 @@ class LlmService:
     # ---- one call ---------------------------------------------------------------------------------------
 
     async def _run(
-        self, principal: str, params: Any, messages: list[dict[str, Any]], json_request: JsonRequest | None
+        self,
+        principal: str,
+        params: Any,
+        messages: list[dict[str, Any]],
+        json_request: JsonRequest | None,
+        schema: dict[str, Any] | None = None,
     ) -> tuple[Reply, ModelRuntime, list[dict[str, Any]]]:
         runtime, model = self.gate.choose(self.settings, principal, params.provider, params.model)
         self._count(principal)
+        if schema is not None:  # after the gate and the count: checking a schema costs CPU
+            await structured.check_schema(schema, self._validation_slots())
         images = [
             p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"
         ]
@@ -205,7 +213,7 @@ class LlmService:
             )
         chain = [(runtime, model)] + [
             (r, r.model)
-            for name in self.settings.fallback
+            for name in dict.fromkeys(self.settings.fallback)  # each runtime once
             if (r := self.settings.runtime(name)) is not None
             and r.id != runtime.id
             and (not images or r.images)
@@ -253,7 +261,10 @@ class LlmService:
             max_tokens = min(params.max_tokens or runtime.max_tokens, runtime.max_tokens)
             call = Call(messages, model, max_tokens, params.temperature, json_request)
             try:
-                reply = await self._post(runtime, call)
+                attributes = {"xworkmate.runtime": runtime.id, "gen_ai.request.model": model}
+                with tracing.span("model.call", attributes) as span:
+                    reply = await self._post(runtime, call)
+                    tracing.annotate(span, **{"gen_ai.usage.output_tokens": reply.usage.get("outputTokens")})
             except _Failure as failure:
                 METRICS.model_calls.inc(runtime.id, failure.reason)
                 attempt: dict[str, Any] = {"provider": runtime.id, "reason": failure.reason}
@@ -287,7 +298,8 @@ class LlmService:
             ) as resp:
                 raw = await _read_capped(resp)
                 if resp.status_code != 200:
-                    detail = wire.error_message((raw or b"")[:65536].decode("utf-8", "replace"))
+                    # redacted whole, before error_message cuts it: a cut key would pass the redactor
+                    detail = wire.error_message(redact((raw or b"")[:65536].decode("utf-8", "replace")))
                     status = resp.status_code
                     if status == 429 or status >= 500:
                         delay = wire.retry_after(resp.headers.get("retry-after"))
@@ -305,7 +317,7 @@ class LlmService:
             raise _Failure("invalid_reply", f"runtime {runtime.id}'s reply is larger than {wire.MAX_REPLY_BYTES} bytes")
         try:
             return wire.parse(runtime, json.loads(raw))
-        except ValueError as exc:  # json's and wire.ReplyInvalid
+        except (ValueError, RecursionError) as exc:  # json's and wire.ReplyInvalid; "[[[…" nests too deep
             raise _Failure("invalid_reply", f"runtime {runtime.id}'s reply is unusable: {str(exc)[:300]}") from exc
 
     def _client(self, runtime: ModelRuntime) -> httpx.AsyncClient:
@@ -313,7 +325,9 @@ class LlmService:
         if client is None:
             import httpx  # here: a bridge whose clients never call llm.* never needs it
 
-            client = self._clients[runtime.id] = httpx.AsyncClient(follow_redirects=False, timeout=None)
+            client = self._clients[runtime.id] = httpx.AsyncClient(
+                follow_redirects=False, timeout=None, event_hooks={"request": [tracing.httpx_request_hook]}
+            )
         return client
 
     def _call_slots(self) -> anyio.CapacityLimiter:

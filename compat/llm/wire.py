@@ -21,6 +21,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -32,6 +33,8 @@ ANTHROPIC_VERSION = "2023-06-01"
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 """Bytes of a runtime's reply read at most."""
 MAX_ERROR_CHARS = 500
+_MODEL_NAME = re.compile(r"^[\w.:/@+-]{1,200}$")
+"""A model name a runtime reports, used only when it looks like one (it reaches log lines)."""
 
 
 class JsonRequest(msgspec.Struct, frozen=True):
@@ -183,7 +186,8 @@ def parse(runtime: ModelRuntime, payload: Any) -> Reply:
         raise ReplyInvalid("the reply is not a JSON object")
     if payload.get("error"):
         raise ReplyInvalid(error_message(payload) or "the runtime answered with an error")
-    model = payload.get("model") if isinstance(payload.get("model"), str) else ""
+    reported = payload.get("model")
+    model = reported if isinstance(reported, str) and _MODEL_NAME.match(reported) else ""
     if runtime.kind == "anthropic":
         content = payload.get("content")
         if not isinstance(content, list):
@@ -264,7 +268,7 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     import email.utils  # here: only an HTTP-date Retry-After needs it
 

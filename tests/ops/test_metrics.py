@@ -51,7 +51,9 @@ async def test_metrics_move_with_requests_and_turns_and_carry_no_secret(tmp_path
             url = f"http://127.0.0.1:{port}"
             before = samples((await scrape(url)).text)
             routing = {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": "knowledge"}
-            turn = await call(url, "session.start", {"sessionId": "m-1", "taskPrompt": PROMPT, "routing": routing}, token=USER)
+            turn = await call(
+                url, "session.start", {"sessionId": "m-1", "taskPrompt": PROMPT, "routing": routing}, token=USER
+            )
             assert turn["result"]["success"] is True
             bad = await call(url, "session.cancel", {}, token=USER)
             assert bad["error"]["code"] == -32602

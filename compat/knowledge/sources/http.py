@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
+from compat import tracing
 from compat.knowledge.errors import SourceError
 from compat.knowledge.sources.base import MAX_RESPONSE_BYTES
 
@@ -24,6 +25,7 @@ def http_client(timeout_s: float) -> httpx.AsyncClient:
         timeout=httpx.Timeout(timeout_s),
         limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
         headers={"accept": "application/json"},
+        event_hooks={"request": [tracing.httpx_request_hook]},
     )
 
 
