@@ -257,7 +257,14 @@ class LlmService:
                 if index + 1 < len(chain):  # a later runtime can answer now
                     attempts.append({"provider": runtime.id, "reason": "retry_after", "retryAfter": round(wait, 3)})
                     continue
-                await anyio.sleep(wait)  # the last one: wait (the call's timeout bounds this)
+                if anyio.current_time() + wait >= anyio.current_effective_deadline():
+                    # the pause outlasts the call's timeout: fail now instead of holding a slot till then
+                    attempts.append({"provider": runtime.id, "reason": "retry_after", "retryAfter": round(wait, 3)})
+                    last = _Failure(
+                        "retry_after", f"runtime {runtime.id} asked for a pause of {wait:.0f} s (Retry-After)"
+                    )
+                    break
+                await anyio.sleep(wait)  # the last one: wait (within the call's timeout)
             max_tokens = min(params.max_tokens or runtime.max_tokens, runtime.max_tokens)
             call = Call(messages, model, max_tokens, params.temperature, json_request)
             try:

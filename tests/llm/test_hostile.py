@@ -104,3 +104,16 @@ async def test_a_fallback_listed_twice_is_asked_once(tmp_path, primary, secondar
     async with bridge(config) as rpc:
         result = await call(rpc, "llm.complete", ask())
     assert [a["provider"] for a in result["error"]["data"]["attempts"]] == ["main", "backup"]
+
+
+async def test_a_pause_longer_than_the_timeout_fails_at_once(tmp_path, primary, secondary):
+    primary.queue_error(429, "slow down", retry_after="600")
+    config = make_config(tmp_path, primary, secondary, llm={"fallback": []})
+    async with bridge(config) as rpc:
+        first = await call(rpc, "llm.complete", ask(timeout=5))
+        started = time.monotonic()
+        second = await call(rpc, "llm.complete", ask(timeout=5))
+        assert time.monotonic() - started < 1.0
+    assert first["error"]["data"]["httpStatus"] == 429
+    assert second["error"]["data"]["reason"] == "retry_after" and "Retry-After" in second["error"]["message"]
+    assert len(primary.requests) == 1
