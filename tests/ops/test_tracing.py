@@ -82,3 +82,48 @@ def test_tracing_off_loads_nothing_of_opentelemetry():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+async def test_the_trace_reaches_an_http_knowledge_source(tmp_path, spans):
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from tests.knowledge.servers import ThreadedServer
+
+    seen: list[str] = []
+
+    async def handle(request: Request) -> JSONResponse:
+        seen.append(request.headers.get("traceparent", ""))
+        if request.path_params["endpoint"] != "query":
+            return JSONResponse({"detail": "not here"}, status_code=404)
+        evidence = [{"page_id": "p", "title": "Tokens", "path": "t.md", "score": 1.0, "snippet": "Set a token."}]
+        return JSONResponse(
+            {"wiki_title": "w", "evidence": evidence, "orientation": [], "graph": {"nodes": [], "edges": []}}
+        )
+
+    app = Starlette(routes=[Route("/src/{endpoint:path}", handle, methods=["GET", "POST"])])
+    with ThreadedServer(app) as server:
+        raw = {
+            "stateDir": str(tmp_path / "s"),
+            "knowledgeSources": [{"id": "remote", "protocol": "llmwiki-http", "url": f"{server.url}/src"}],
+        }
+        config = convert(raw, BridgeConfig)
+        routing = {"routingMode": "explicit", "explicitExecutionTarget": "agent", "explicitProviderId": "knowledge"}
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "session.start",
+            "params": {"sessionId": "t-2", "taskPrompt": "token?", "routing": routing},
+        }
+        async with real_server(config, build_app(config)) as port:
+            async with httpx.AsyncClient() as client:
+                await client.post(
+                    f"http://127.0.0.1:{port}/acp/rpc",
+                    json=body,
+                    headers={"traceparent": f"00-{TRACE}-{PARENT}-01"},
+                    timeout=60,
+                )
+    assert seen and all(h.split("-")[1] == TRACE for h in seen if h)
+    assert any(h.split("-")[1] == TRACE for h in seen if h)
