@@ -26,7 +26,6 @@ import resource
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from bridge.config import BridgeConfig
@@ -91,7 +90,7 @@ class ConnectionGuard:
             transport.write(head.encode() + body)
             transport.close()
             return False
-        address = get_remote_addr(transport)  # what uvicorn puts in the scope's "client"
+        address = _peer(transport)  # what uvicorn puts in the scope's "client"
         self._open[transport] = address
         if address is not None:
             self._by_address[address] = transport
@@ -196,6 +195,13 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.guard.release(self._xwm_transport)
+
+
+def _peer(transport: asyncio.BaseTransport) -> tuple[str, int] | None:
+    """The peer's ``(host, port)``, as uvicorn writes a scope's ``client`` (asyncio's public
+    ``peername``; an IPv6 peer's flow info and scope id are left out)."""
+    info = transport.get_extra_info("peername")
+    return (str(info[0]), int(info[1])) if isinstance(info, tuple) and len(info) >= 2 else None
 
 
 def connection_guard(config: BridgeConfig) -> ConnectionGuard:

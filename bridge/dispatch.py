@@ -185,15 +185,19 @@ class Dispatcher:
         self._observe(request, ctx, reply, started)
         return self._answer(request, reply)
 
+    def _label(self, request: Request) -> str:
+        """The method's name for metrics and spans: unknown methods are ``other``, so a client
+        cannot make names up."""
+        return request.method if request.method in self._methods else "other"
+
     def _span(self, request: Request) -> tuple[str, dict[str, str]]:
-        """A request span's name and attributes (OpenTelemetry's RPC conventions; unknown methods
-        are ``other``, so a client cannot make names up)."""
-        method = request.method if request.method in self._methods else "other"
+        """A request span's name and attributes (OpenTelemetry's RPC conventions)."""
+        method = self._label(request)
         return f"rpc {method}", {"rpc.system": "jsonrpc", "rpc.method": method}
 
     def _observe(self, request: Request, ctx: CallContext, reply: Reply, started: float) -> None:
         seconds = time.monotonic() - started
-        method = request.method if request.method in self._methods else "other"
+        method = self._label(request)
         error = reply.error
         if error is None:
             METRICS.requests.inc(method, "ok")

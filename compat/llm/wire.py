@@ -213,18 +213,29 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+_OPENAI_USAGE = (
+    ("prompt_tokens", "inputTokens"),
+    ("completion_tokens", "outputTokens"),
+    ("total_tokens", "totalTokens"),
+)
+_ANTHROPIC_USAGE = (
+    ("input_tokens", "inputTokens"),
+    ("output_tokens", "outputTokens"),
+    ("cache_read_input_tokens", "cachedReadTokens"),
+    ("cache_creation_input_tokens", "cachedWriteTokens"),
+)
+
+
+def _renamed(raw: Any, names: tuple[tuple[str, str], ...]) -> dict[str, int]:
+    """The token counts of a runtime's ``usage`` object under the turn usage shape's names."""
+    raw = raw if isinstance(raw, dict) else {}
+    return {ours: value for theirs, ours in names if (value := _int(raw.get(theirs))) is not None}
+
+
 def openai_usage(raw: Any) -> dict[str, int]:
     """An OpenAI ``usage`` object in the turn usage shape."""
-    raw = raw if isinstance(raw, dict) else {}
-    out: dict[str, int] = {}
-    for theirs, ours in (
-        ("prompt_tokens", "inputTokens"),
-        ("completion_tokens", "outputTokens"),
-        ("total_tokens", "totalTokens"),
-    ):
-        if (value := _int(raw.get(theirs))) is not None:
-            out[ours] = value
-    details = raw.get("prompt_tokens_details")
+    out = _renamed(raw, _OPENAI_USAGE)
+    details = raw.get("prompt_tokens_details") if isinstance(raw, dict) else None
     if isinstance(details, dict) and (cached := _int(details.get("cached_tokens"))) is not None:
         out["cachedReadTokens"] = cached
     return out
@@ -233,16 +244,7 @@ def openai_usage(raw: Any) -> dict[str, int]:
 def anthropic_usage(raw: Any) -> dict[str, int]:
     """An Anthropic ``usage`` object in the turn usage shape (``totalTokens``: every input and
     output token, cached ones included)."""
-    raw = raw if isinstance(raw, dict) else {}
-    out: dict[str, int] = {}
-    for theirs, ours in (
-        ("input_tokens", "inputTokens"),
-        ("output_tokens", "outputTokens"),
-        ("cache_read_input_tokens", "cachedReadTokens"),
-        ("cache_creation_input_tokens", "cachedWriteTokens"),
-    ):
-        if (value := _int(raw.get(theirs))) is not None:
-            out[ours] = value
+    out = _renamed(raw, _ANTHROPIC_USAGE)
     if out:
         out["totalTokens"] = sum(out.values())
     return out
