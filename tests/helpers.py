@@ -122,3 +122,44 @@ class WsClient:
     def updates(self, turn_id: str | None = None) -> list[dict[str, Any]]:
         ups = [n["params"] for n in self.notes if n["method"] == "session.update"]
         return [u for u in ups if turn_id is None or u["turnId"] == turn_id]
+
+
+@contextlib.asynccontextmanager
+async def dispatcher_of(config: BridgeConfig) -> AsyncIterator[Any]:
+    """The real orchestrator of ``config``, entered, and a dispatcher over it."""
+    from bridge.methods import build_dispatcher
+    from bridge.wiring import build_orchestrator
+
+    async with build_orchestrator(config) as orch:
+        yield build_dispatcher(orch)
+
+
+async def rpc(dispatcher: Any, method: str, params: dict[str, Any], principal: str = "local") -> Any:
+    """The result of one request as ``principal``, or ``{"error": …}``, as a client decodes it."""
+    from bridge.dispatch import CallContext
+    from bridge.rpc.codec import Request
+
+    reply = await dispatcher.call(Request(1, method, params), CallContext(principal))
+    assert reply is not None
+    return {"error": reply.error} if reply.error is not None else wire(reply.result)
+
+
+@contextlib.contextmanager
+def serving(command: list[str], env: dict[str, str], cwd: Any) -> Any:
+    """Run a bridge command until it logs "listening on"; SIGTERM it (then kill) afterwards."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "listening on" in line:
+                break
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        finally:
+            proc.kill()

@@ -7,7 +7,6 @@ import io
 import itertools
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.chat_view import ANCHOR, ChatView, TerminalAnchors
+from tests.helpers import serving
 
 TEXT = "Set it [1](#citation-1). Send it [12](#citation-12); not [3](#citation-4), [x](y) or [5] alone ["
 
@@ -72,25 +72,8 @@ def bridge(tmp_path: Path):
         "PATH": os.path.dirname(sys.executable),
     }
     env.pop("BRIDGE_AUTH_TOKEN", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if "listening on" in line:
-                break
+    with serving([sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)], env, tmp_path):
         yield env, f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            proc.kill()
 
 
 @pytest.mark.timeout(90)

@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +16,10 @@ import pytest
 
 from bridge.cli import main
 from bridge.config import BridgeConfig
-from bridge.dispatch import CallContext, Dispatcher
-from bridge.methods import build_dispatcher
-from bridge.rpc.codec import Request
-from bridge.wiring import build_orchestrator
 from compat.knowledge import registry as registry_module
 from compat.knowledge.registry_file import REGISTRY_FILE
 from compat.settings import convert
-from tests.helpers import wire
+from tests.helpers import dispatcher_of, rpc
 from tests.knowledge.conftest import WIKI
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,17 +44,8 @@ def make_config(tmp_path: Path, **extra: Any) -> BridgeConfig:
     return convert(raw, BridgeConfig)
 
 
-@asynccontextmanager
-async def bridge(config: BridgeConfig) -> AsyncIterator[Dispatcher]:
-    async with build_orchestrator(config) as orch:
-        yield build_dispatcher(orch)
-
-
-async def call(dispatcher: Dispatcher, method: str, params: dict[str, Any], principal: str = "local") -> Any:
-    """The result, or ``{"error": …}``, as a client decodes it."""
-    reply = await dispatcher.call(Request(1, method, params), CallContext(principal))
-    assert reply is not None
-    return {"error": reply.error} if reply.error is not None else wire(reply.result)
+bridge = dispatcher_of
+call = rpc
 
 
 def wiki_source(tmp_path: Path, source_id: str = "acme") -> dict[str, Any]:

@@ -3,21 +3,17 @@ and a bridge configured with runtimes on them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.config import BridgeConfig
-from bridge.dispatch import CallContext, Dispatcher
-from bridge.methods import build_dispatcher
-from bridge.rpc.codec import Request
-from bridge.wiring import build_orchestrator
+from bridge.dispatch import Dispatcher
 from compat.settings import convert
 from tests.fakes.fake_llm import FakeLLM
-from tests.helpers import wire
+from tests.helpers import dispatcher_of, rpc
 
 KEY = "sk-llm-test-key-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-test-key-0123456789abcdef"
@@ -77,17 +73,12 @@ def make_config(tmp_path: Path, primary: FakeLLM, secondary: FakeLLM, **extra: A
     return convert(raw, BridgeConfig)
 
 
-@asynccontextmanager
-async def bridge(config: BridgeConfig) -> AsyncIterator[Dispatcher]:
-    async with build_orchestrator(config) as orch:
-        yield build_dispatcher(orch)
+bridge = dispatcher_of
 
 
 async def call(dispatcher: Dispatcher, method: str, params: dict[str, Any], principal: str = "alice") -> Any:
-    """The result, or ``{"error": …}``, as a client decodes it."""
-    reply = await dispatcher.call(Request(1, method, params), CallContext(principal))
-    assert reply is not None
-    return {"error": reply.error} if reply.error is not None else wire(reply.result)
+    """``tests.helpers.rpc``, as alice unless told."""
+    return await rpc(dispatcher, method, params, principal)
 
 
 def ask(text: str = "Rewrite: disk full", **extra: Any) -> dict[str, Any]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 
 from bridge.config import BridgeConfig, ConfigError, load_config, only_provider
 from bridge.wiring import build_orchestrator
+from tests.helpers import serving
 
 pytestmark = pytest.mark.timeout(90)
 BIN = Path(sys.executable).parent
@@ -91,22 +90,11 @@ def test_each_entry_point_serves_only_its_provider(tmp_path, command):
     env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
     env.pop("BRIDGE_AUTH_TOKEN", None)
     env.pop("BRIDGE_CONFIG_PATH", None)
-    proc = subprocess.Popen([*command, "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if "listening on" in line:
-                break
+    with serving([*command, "--port", str(port)], env, tmp_path):
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "acp.capabilities"}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/acp/rpc", body, {"content-type": "application/json"})
         with urllib.request.urlopen(request, timeout=20) as response:
             caps = json.loads(response.read())["result"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            proc.kill()
     expected = command[0].rsplit("/", 1)[-1].removesuffix("-acp-adapter") if "adapter" in command[0] else "knowledge"
     assert [p["providerId"] for p in caps["providerCatalog"]] == [expected]
     assert caps["gatewayProviders"] == []

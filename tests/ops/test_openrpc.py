@@ -17,7 +17,8 @@ from bridge.methods import METHODS, openrpc_document
 from bridge.openrpc import without_version
 from bridge.rpc.errors import RPC_ERRORS
 from compat.settings import convert
-from tests.knowledge.test_registry import bridge, call
+from tests.helpers import dispatcher_of as bridge
+from tests.helpers import rpc as call
 
 HERE = Path(__file__).parent / "openrpc"
 ROOT = Path(__file__).resolve().parents[2]
