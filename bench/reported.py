@@ -134,7 +134,8 @@ async def _knowledge_turns(
             "params": {"orchestrationMode": mode},
             "prefix": "k",
         }
-        result = await run_client("turns", server, spec, timeout=ctx.plan.client_timeout)
+        async with ctx.profiled(case, server):
+            result = await run_client("turns", server, spec, timeout=ctx.plan.client_timeout)
     finally:
         await servers.stop(server)
     if "error" in result or result["statuses"].get("completed") != ctx.plan.knowledge_turns:

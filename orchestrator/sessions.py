@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
 import anyio
-import msgspec
 
 from bridge.rpc.codec import dumps
 from bridge.rpc.errors import LimitReached, SessionBusy
@@ -353,7 +352,7 @@ class Session:
                 ended_at=time.time(),
                 status=result.status,
                 summary=result.summary,
-                result=msgspec.to_builtins(result),
+                result=result,  # encoded by the store as it is handed over: no copy as builtins first
             )
         self.store.save_turn(self.owner, self.session_id, record)
 

@@ -109,14 +109,15 @@ class SessionRecord(msgspec.Struct, kw_only=True):
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
-    """A stored turn: ``result`` is the wire result (None while it runs)."""
+    """A stored turn: ``result`` is the wire result (None while it runs): a result model when
+    it is saved (the store encodes it at once), a dict when it is read back."""
 
     turn_id: str
     started_at: float
     ended_at: float | None
     status: str
     summary: str = ""
-    result: dict[str, Any] | None = None
+    result: Any = None
     prompt: str = ""  # kept while it runs: a restart adds it, with the output so far, to the history
 
 

@@ -27,17 +27,23 @@ _SAFE_REF = re.compile(r"^urn:llmwiki:source-ref:[A-Za-z0-9][A-Za-z0-9._~-]{0,12
 
 def readable(text: Any) -> str:
     """Markdown as one readable line: ``[[a|b]]`` → b, ``[[a]]`` → a, heading marks dropped."""
-    value = re.sub(r"\[\[([^\]|]+)\|([^\]]+)\]\]", r"\2", str(text or ""))
-    value = re.sub(r"\[\[([^\]]+)\]\]", r"\1", value)
-    value = re.sub(r"(^|\s)#{1,6}\s+", r"\1", value)
+    value = str(text or "")
+    if "[[" in value:  # most titles and snippets have no link: skip the two passes
+        value = re.sub(r"\[\[([^\]|]+)\|([^\]]+)\]\]", r"\2", value)
+        value = re.sub(r"\[\[([^\]]+)\]\]", r"\1", value)
+    if "#" in value:
+        value = re.sub(r"(^|\s)#{1,6}\s+", r"\1", value)
     return " ".join(value.split())
+
+
+_UNSAFE_PATH = re.compile(r"[\\?#:]|(?:^|/)\.\.(?:/|$)")  # a backslash, query, fragment, drive or ``..`` part
 
 
 def safe_path(value: Any) -> str | None:
     """A relative path fit for clients (no absolute, parent, drive or query parts), else None."""
-    if not isinstance(value, str) or not value or value.startswith(("/", "\\")) or ".." in value.split("/"):
+    if not isinstance(value, str) or not value or value.startswith("/") or _UNSAFE_PATH.search(value):
         return None
-    return None if any(c in value for c in ("\\", "?", "#", ":")) else value
+    return value
 
 
 def safe_url(value: Any) -> str | None:

@@ -129,8 +129,10 @@ def plain(text: str) -> str:
 
 def page_id_of(rel_path: str) -> str:
     """A page's id: its relative POSIX path without the extension (``a.md`` and ``a.markdown``
-    are both page ``a``)."""
-    return str(PurePosixPath(rel_path).with_suffix(""))
+    are both page ``a``). String slicing, not ``PurePosixPath.with_suffix``: this runs for every
+    file on every scan (2,000 paths cost 5 ms that way, bench case 7)."""
+    slash, dot = rel_path.rfind("/"), rel_path.rfind(".")
+    return rel_path[:dot] if dot > slash + 1 else rel_path
 
 
 def parse_page(rel_path: str, text: str) -> Page:
@@ -229,6 +231,7 @@ class WikiIndex:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._db.executescript(_SCHEMA)
+        self._known: dict[str, tuple[int, int]] = {}  # indexed path → (mtime_ns, size), as in ``pages``
 
     def close(self) -> None:
         with self._lock:
@@ -284,7 +287,7 @@ class WikiIndex:
             raise FileNotFoundError("wiki root is not a folder")
         files = _one_file_per_page(self._scan())
         with self._lock:
-            known = {row[0]: (row[1], row[2]) for row in self._db.execute("SELECT path, mtime_ns, size FROM pages")}
+            known = self._known
             changed = [p for p, st in files.items() if known.get(p) != (st.st_mtime_ns, st.st_size)]
             gone = [p for p in known if p not in files]
             for rel in gone:
@@ -298,6 +301,7 @@ class WikiIndex:
     def _delete(self, rel: str) -> None:
         self._db.execute("DELETE FROM pages_fts WHERE rowid IN (SELECT rowid FROM pages WHERE path = ?)", (rel,))
         self._db.execute("DELETE FROM pages WHERE path = ?", (rel,))
+        self._known.pop(rel, None)
 
     def _upsert(self, rel: str, stat: os.stat_result) -> None:
         text = self._read(rel, stat)
@@ -325,6 +329,7 @@ class WikiIndex:
                 stat.st_size,
             ),
         )
+        self._known[rel] = (stat.st_mtime_ns, stat.st_size)
         if not page.draft:
             self._db.execute(
                 "INSERT INTO pages_fts (rowid, id, title, body) VALUES (?,?,?,?)",
