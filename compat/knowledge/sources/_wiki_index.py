@@ -231,6 +231,7 @@ class WikiIndex:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._db.executescript(_SCHEMA)
+        self._counted: tuple[int, int, int] | None = None  # (generation, pages, servable pages)
         self._known: dict[str, tuple[int, int]] = {}  # indexed path → (mtime_ns, size), as in ``pages``
 
     def close(self) -> None:
@@ -391,10 +392,13 @@ class WikiIndex:
         return [self._page(r) for r in rows]
 
     def counts(self) -> tuple[int, int]:
-        """``(page_count, servable_page_count)``."""
+        """``(page_count, servable_page_count)``, counted once per generation (every context pack
+        carries them; counting scanned the table each time)."""
         with self._lock:
-            total, drafts = self._db.execute("SELECT count(*), coalesce(sum(draft), 0) FROM pages").fetchone()
-        return total, total - drafts
+            if self._counted is None or self._counted[0] != self.generation:
+                total, drafts = self._db.execute("SELECT count(*), coalesce(sum(draft), 0) FROM pages").fetchone()
+                self._counted = (self.generation, total, total - drafts)
+            return self._counted[1], self._counted[2]
 
     def search(self, match: str, limit: int, snippet_tokens: int = 32) -> list[tuple[str, float, str]]:
         """``[(page_id, score, snippet)]`` best first; score is ``-bm25`` (higher is better)."""
