@@ -388,7 +388,7 @@ METHODS: tuple[MethodSpec, ...] = (
         CloseResult,
         inline=False,
         summary="Close a session and end its agent.",
-        errors=_SESSION_ERRORS,
+        errors=(*_SESSION_ERRORS, SessionBusy),  # owned by another process on the state directory
     ),
     MethodSpec(
         "session.subscribe",

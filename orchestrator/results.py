@@ -385,3 +385,9 @@ class LlmResult(Result, frozen=True):
     content_type: str | UnsetType = UNSET
     parsed: Any = UNSET
     error: LlmError | UnsetType = UNSET
+
+
+def title_of(state: dict[str, Any]) -> str | UnsetType:
+    """A session's title, as its agent last reported it (ACP ``session_info_update``)."""
+    title = (state.get("session_info_update") or {}).get("title")
+    return title if isinstance(title, str) else UNSET

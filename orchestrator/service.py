@@ -27,7 +27,8 @@ from compat.base import Attachment, ProviderSession
 from compat.llm.gate import Gate
 from compat.process import descendants
 from compat.settings import Limits, Timeouts
-from orchestrator import artifacts, attachments, updates
+from orchestrator import artifacts, attachments, foreign, updates
+from orchestrator.foreign import Foreign
 from orchestrator.machine import Trigger, TurnState
 from orchestrator.registry import ProviderRegistry
 from orchestrator.results import (
@@ -47,10 +48,11 @@ from orchestrator.results import (
     TurnSummary,
     UnavailableTurnResult,
     UnsubscribeResult,
+    title_of,
 )
 from orchestrator.routing import Resolution, RoutingInput, resolve
 from orchestrator.sessions import Listener, Session, SessionTable, StreamListener
-from orchestrator.store import Store
+from orchestrator.store import SessionRecord, Store
 from orchestrator.turn import EditorInput, Turn, TurnInput, new_turn_id
 from orchestrator.workspace import Workspace
 
@@ -136,8 +138,8 @@ class Orchestrator:
         self.sessions = SessionTable(
             limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token, store=store
         )
-        self._loading: dict[tuple[str, str], anyio.Event] = {}
-        self._load_errors: dict[tuple[str, str], LimitReached] = {}
+        self._loading: dict[tuple[str, str], _Loading] = {}
+        self._following: dict[tuple[str, str, str], anyio.CancelScope] = {}  # (stream, principal, session)
         self._unobserve: Callable[[], None] = lambda: None
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
@@ -400,7 +402,8 @@ class Orchestrator:
         usable = self.workspace.usable_attachments(params.attachments, principal, params.session_id)
         copies = attachments.match(params.attachments, params.inline_attachments, usable)
         resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider, principal)
-        await self._load(principal, params.session_id)
+        if isinstance(loaded := await self._load(principal, params.session_id, create=True), Foreign):
+            raise loaded.refuse("a turn")
         thread_id = params.thread_id or params.session_id
         session = self.sessions.open(params.session_id, principal, thread_id)
         if start and session.stopping:  # Stop, then send (the app's next send is a session.start)
@@ -563,40 +566,61 @@ class Orchestrator:
 
     # ---- the stored sessions: load, get, subscribe, result, list --------------------------------
 
-    async def _load(self, principal: str, session_id: str) -> Session | None:
-        """The principal's session, loaded from the store when only the store has it. Callers
-        that wait for the same load resume in the order they asked (admission order holds)."""
-        session = self.sessions.get(session_id, principal)
-        if session is not None or self.store is None:
-            return session
-        key = (principal, session_id)
-        loading = self._loading.get(key)
-        if loading is None:
-            self._load_errors.pop(key, None)
-            loading = self._loading[key] = anyio.Event()
-            assert self._tg is not None, "use the Orchestrator as an async context manager"
-            self._tg.start_soon(self._fetch, principal, session_id, loading)
-        await loading.wait()
-        if (error := self._load_errors.get(key)) is not None:
-            raise error
-        return self.sessions.get(session_id, principal)
+    async def _load(self, principal: str, session_id: str, *, create: bool = False) -> Session | Foreign | None:
+        """The principal's session: in memory, else loaded from the store and owned by this
+        process, else (another live process owns it) a :class:`Foreign` read from the store.
+        ``create``: claim the session even when the store does not have it (a turn will make
+        it). Callers that wait for the same load resume in the order they asked (admission
+        order holds).
 
-    async def _fetch(self, principal: str, session_id: str, loaded: anyio.Event) -> None:
-        assert self.store is not None
+        Raises:
+            LimitReached: -32006, no room to load it (``maxSessionsPerToken``, all busy).
+        """
+        key = (principal, session_id)
+        while True:
+            session = self.sessions.get(session_id, principal)
+            if session is not None or self.store is None:
+                return session
+            loading = self._loading.get(key)
+            if loading is None:
+                loading = self._loading[key] = _Loading(create)
+                assert self._tg is not None, "use the Orchestrator as an async context manager"
+                self._tg.start_soon(self._fetch, principal, session_id, loading)
+            await loading.done.wait()
+            if loading.error is not None:
+                raise loading.error
+            if loading.foreign is not None:
+                return loading.foreign
+            if not create or loading.create:
+                return self.sessions.get(session_id, principal)
+            # a read's load (which claims no unknown session) was in flight: claim it now
+
+    async def _fetch(self, principal: str, session_id: str, loading: _Loading) -> None:
+        store = self.store
+        assert store is not None
         try:
-            await self.store.flush()  # what this process wrote (an unloaded session's last turn) is readable
-            record = await self.store.load_session(principal, session_id)
-            if record is not None and self.sessions.get(session_id, principal) is None:
+            await store.flush()  # what this process wrote (an unloaded session's last turn) is readable
+            record = await store.load_session(principal, session_id)
+            if record is None and not loading.create:
+                return
+            claim = await store.claim(principal, session_id)
+            if claim.took_over and record is not None:  # the gone owner's running turns were just recorded
+                record = await store.load_session(principal, session_id)
+            if claim.owner_pid is not None:
+                record = record or SessionRecord(principal=principal, session_id=session_id, thread_id=session_id)
+                loading.foreign = Foreign(record, claim.owner_pid)
+            elif record is not None and self.sessions.get(session_id, principal) is None:
                 self.sessions.open(session_id, principal, record.thread_id, record=record)
         except LimitReached as exc:  # no room to load it (maxSessionsPerToken, all busy): -32006
-            self._load_errors[(principal, session_id)] = exc
+            store.release(principal, session_id)
+            loading.error = exc
         except Exception:
             log.exception("loading session %s from the store failed", session_id[:80])
         finally:
             self._loading.pop((principal, session_id), None)
-            loaded.set()
+            loading.done.set()
 
-    async def _known(self, principal: str, session_id: str) -> Session:
+    async def _known(self, principal: str, session_id: str) -> Session | Foreign:
         session = await self._load(principal, session_id)
         if session is None:
             raise NotFound("unknown session", sessionId=session_id[:200])
@@ -609,7 +633,11 @@ class Orchestrator:
         Raises:
             NotFound: -32004, no such session for this principal (another's is unknown too).
         """
-        return await self._snapshot(await self._known(principal, session_id))
+        session = await self._known(principal, session_id)
+        if isinstance(session, Foreign):
+            assert self.store is not None
+            return await foreign.snapshot(self.store, session)
+        return await self._snapshot(session)
 
     async def history(self, session_id: str, principal: str) -> list[tuple[str, str]]:
         """The session's stored conversation, oldest first: ``(role, text)`` with role ``user``
@@ -618,7 +646,8 @@ class Orchestrator:
         Raises:
             NotFound: -32004, no such session for this principal.
         """
-        return list((await self._known(principal, session_id)).history)
+        session = await self._known(principal, session_id)
+        return list(session.record.history if isinstance(session, Foreign) else session.history)
 
     def running_turn(self, session_id: str, principal: str) -> tuple[str, int] | None:
         """The running turn of a loaded session: its prompt and the ``seq`` of its first update
@@ -651,7 +680,7 @@ class Orchestrator:
             turns=turns,
             last_seq=session.log.last_seq,
             created_at=session.created_at,
-            title=_title(session.state),
+            title=title_of(session.state),
         )
 
     async def subscribe(
@@ -668,6 +697,8 @@ class Orchestrator:
             NotFound: -32004, no such session for this principal.
         """
         session = await self._known(principal, session_id)
+        if isinstance(session, Foreign):
+            return await self._follow(session, listener, after_seq, until_idle=until_idle)
         if listener.closers is None:
             snapshot = await self._snapshot(session)
             return SubscribeResult(subscribed=False, last_seq=snapshot.last_seq, state=snapshot)
@@ -687,6 +718,49 @@ class Orchestrator:
             if running.result is not None:
                 result = msgspec.to_builtins(running.result)
         snapshot = await self._snapshot(session)
+        return SubscribeResult(
+            subscribed=True, last_seq=snapshot.last_seq, state=snapshot, gap=gap, first_seq=first, result=result
+        )
+
+    async def _follow(
+        self, session: Foreign, listener: Listener, after_seq: int | None, *, until_idle: bool
+    ) -> SubscribeResult:
+        """``session.subscribe`` to a session another process owns: its log is followed in the
+        store (``orchestrator.foreign.tail``) until the stream closes or unsubscribes; over SSE
+        until its running turn ends, with that turn's result."""
+        store = self.store
+        assert store is not None and self._tg is not None
+        record = session.record
+        if listener.closers is None:
+            snapshot = await foreign.snapshot(store, session)
+            return SubscribeResult(subscribed=False, last_seq=snapshot.last_seq, state=snapshot)
+        gap: bool | UnsetType = UNSET
+        first: int | UnsetType = UNSET
+        cursor = record.last_seq if after_seq is None else after_seq
+        oldest = await store.first_seq(record.principal, record.session_id)
+        if after_seq is not None and oldest is not None and oldest > after_seq + 1 and after_seq < record.last_seq:
+            gap, first = True, oldest
+        result: dict[str, Any] | UnsetType = UNSET
+        if until_idle:
+            await foreign.tail(store, session, listener, cursor, until_idle=True)
+            stored = await store.turns(record.principal, record.session_id, 1)
+            ended = await store.turn(record.principal, record.session_id, stored[0].turn_id) if stored else None
+            if ended is not None and ended.result is not None:
+                result = ended.result
+        elif (key := (listener.key, record.principal, record.session_id)) not in self._following:
+            scope = self._following[key] = anyio.CancelScope()
+            listener.closers.append(scope.cancel)
+
+            async def follow() -> None:
+                try:
+                    with scope:
+                        await foreign.tail(store, session, listener, cursor, until_idle=False)
+                finally:
+                    if self._following.get(key) is scope:
+                        del self._following[key]
+
+            self._tg.start_soon(follow)
+        snapshot = await foreign.snapshot(store, session)
         return SubscribeResult(
             subscribed=True, last_seq=snapshot.last_seq, state=snapshot, gap=gap, first_seq=first, result=result
         )
@@ -730,6 +804,9 @@ class Orchestrator:
         """``session.unsubscribe``: this stream stops receiving the session's updates."""
         session = self.sessions.get(session_id, principal)
         listening = session is not None and session.log.listening(key)
+        if (following := self._following.pop((key, principal, session_id), None)) is not None:
+            following.cancel()
+            listening = True
         if session is not None:
             session.log.detach(key, "subscribe")
             session.log.detach(key, "stream")
@@ -742,7 +819,7 @@ class Orchestrator:
             NotFound: -32004, no such session or turn (pruned turns are unknown).
         """
         session = await self._known(principal, session_id)
-        for turn in session.turns:
+        for turn in session.turns if isinstance(session, Session) else ():
             if isinstance(turn, Turn) and turn.turn_id == turn_id and turn.result is None:
                 return {"sessionId": session_id, "turnId": turn_id, "status": "running", "output": turn.output}
         record = None
@@ -769,7 +846,8 @@ class Orchestrator:
             records = await self.store.list_sessions(principal, before, limit + 1)
             for record in records[:limit]:
                 live = self.sessions.get(record.session_id, principal)
-                state = "running" if live and live.busy else "closed" if record.closed else "idle"
+                busy = live.busy if live is not None else record.running  # another process's turn
+                state = "running" if busy else "closed" if record.closed else "idle"
                 entries.append(
                     SessionListEntry(
                         session_id=record.session_id,
@@ -778,7 +856,7 @@ class Orchestrator:
                         provider_id=record.provider_id,
                         created_at=record.created_at,
                         updated_at=record.updated_at,
-                        title=_title(record.state),
+                        title=title_of(record.state),
                         working_directory=record.working_directory,
                     )
                 )
@@ -824,6 +902,8 @@ class Orchestrator:
         forget the session. Another principal's session is an unknown one (``closed: false``).
         """
         session = await self._load(principal, session_id)
+        if isinstance(session, Foreign):
+            raise session.refuse("closing it")
         if session is None or session.closed:
             return CloseResult(accepted=True, closed=False)
         self.sessions.pop(session_id, principal)
@@ -838,6 +918,8 @@ class Orchestrator:
             await self._remove_files(session)
         session.save()
         session.close_log()
+        if self.store is not None:
+            self.store.release(principal, session_id)
         return CloseResult(accepted=True, closed=True)
 
     def permission_settled(self, session_id: str, principal: str, request_id: str) -> anyio.Event | None:
@@ -870,6 +952,8 @@ class Orchestrator:
         background."""
         assert self._tg is not None
         session.close_log()  # unloaded, not deleted: loaded again, it continues right after its last seq
+        if self.store is not None:
+            self.store.release(session.owner, session.session_id)  # another process may own it now
         self._tg.start_soon(self._end_provider_session, session)
         self._tg.start_soon(self._remove_files, session)
 
@@ -952,12 +1036,6 @@ def unavailable_result(session: Session, resolution: Resolution, cwd: str) -> Un
     )
 
 
-def _title(state: dict[str, Any]) -> str | UnsetType:
-    """The session's title, as the agent last reported it (ACP ``session_info_update``)."""
-    title = (state.get("session_info_update") or {}).get("title")
-    return title if isinstance(title, str) else UNSET
-
-
 def _encode_cursor(entry: SessionListEntry) -> str:
     return _encode(entry.updated_at, entry.session_id)
 
@@ -979,3 +1057,15 @@ def _decode_cursor(cursor: str | None) -> tuple[float, str] | None:
         return float(updated), str(session_id)
     except (ValueError, TypeError, msgspec.DecodeError) as exc:
         raise InvalidParams("Invalid params: unknown cursor", field="cursor") from exc
+
+
+class _Loading:
+    """One load of a session from the store, shared by every caller that asks meanwhile."""
+
+    __slots__ = ("create", "done", "error", "foreign")
+
+    def __init__(self, create: bool) -> None:
+        self.create = create
+        self.done = anyio.Event()
+        self.error: LimitReached | None = None
+        self.foreign: Foreign | None = None

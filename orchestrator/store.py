@@ -88,6 +88,13 @@ CREATE TABLE IF NOT EXISTS processes (
     owner_started REAL NOT NULL,
     PRIMARY KEY (pid, started)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owners (
+    principal TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started REAL NOT NULL,
+    PRIMARY KEY (principal, session_id)
+) WITHOUT ROWID;
 """
 
 
@@ -106,6 +113,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     closed: bool = False
     next_seq: int = 1  # the first seq the session may use after loading
     last_seq: int = 0  # the last seq it gave that the store kept
+    running: bool = False  # a turn of it has not ended (``list_sessions`` only: another process may run it)
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -149,6 +157,17 @@ class Store(Protocol):
     def retention(self) -> Retention: ...
     async def turns(self, principal: str, session_id: str, limit: int) -> list[TurnRecord]: ...
     async def turn(self, principal: str, session_id: str, turn_id: str) -> TurnRecord | None: ...
+    async def claim(self, principal: str, session_id: str) -> Claim: ...
+    def release(self, principal: str, session_id: str) -> None: ...
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """The outcome of :meth:`SqliteStore.claim`: ``owner_pid`` is None when this process owns
+    the session now, else the pid of the live process that does; ``took_over``: this process
+    took it from an owner that is gone (whose running turns were recorded ``BRIDGE_RESTARTED``)."""
+
+    owner_pid: int | None = None
+    took_over: bool = False
 
 
 class Retention(msgspec.Struct, frozen=True):
@@ -193,6 +212,7 @@ class SqliteStore:
         self._gathering: dict[tuple[str, str], list[bytes]] = {}  # lines not yet handed to the writer
         self._hand_over_at: asyncio.TimerHandle | None = None
         self.left_behind: list[tuple[int, float]] = []  # (pid, start time) of a gone owner's agents
+        self._me: tuple[int, float] = (os.getpid(), 0.0)  # this process as an owner: (pid, start time)
         self._opened = threading.Event()
 
     # ---- lifetime ---------------------------------------------------------------------------------
@@ -220,6 +240,7 @@ class SqliteStore:
         if self._hand_over_at is not None:
             self._hand_over_at.cancel()
         self._hand_over()
+        self._submit(lambda c: c.execute("DELETE FROM owners WHERE pid = ? AND started = ?", self._me))
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._queue.put((_STOP, done))
         with anyio.CancelScope(shield=True):
@@ -238,6 +259,7 @@ class SqliteStore:
         return conn
 
     def _open(self) -> None:
+        self._me = (os.getpid(), _start_time(os.getpid()) or 0.0)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         conn = self._connect()
         try:
@@ -250,26 +272,19 @@ class SqliteStore:
             conn.close()
 
     def _recover(self, conn: sqlite3.Connection) -> None:
-        now = time.time()
-        rows = conn.execute("SELECT principal, session_id, turn_id, prompt FROM turns WHERE ended_at IS NULL")
-        for principal, session_id, turn_id, prompt in rows.fetchall():
-            output = "".join(_deltas(conn, principal, session_id, turn_id))
-            _add_history(conn, principal, session_id, [("user", prompt)] + ([("assistant", output)] if output else []))
-            result = {
-                "success": False,
-                "status": "failed",
-                "turnId": turn_id,
-                "sessionId": session_id,
-                "output": output,
-                "summary": output.strip()[:200],
-                "error": {"code": "BRIDGE_RESTARTED", "message": "the bridge stopped while the turn ran"},
-            }
-            conn.execute(
-                "UPDATE turns SET ended_at = ?, status = 'failed', result = ? "
-                "WHERE principal = ? AND session_id = ? AND turn_id = ?",
-                (now, _json(result), principal, session_id, turn_id),
-            )
-            log.info("turn %s of session %s was running when the bridge stopped", turn_id, session_id[:80])
+        """Record as ``BRIDGE_RESTARTED`` the turns left running by a process that is gone: of the
+        sessions it owned, and of those no process owns (a store written before owners were
+        recorded). Sessions a live process owns (another bridge on this state directory) keep
+        their running turns."""
+        for pid, started in conn.execute("SELECT DISTINCT pid, started FROM owners").fetchall():
+            if not _alive(pid, started):
+                conn.execute("DELETE FROM owners WHERE pid = ? AND started = ?", (pid, started))
+        orphaned = conn.execute(
+            "SELECT DISTINCT principal, session_id FROM turns t WHERE ended_at IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM owners o WHERE o.principal = t.principal AND o.session_id = t.session_id)"
+        )
+        for principal, session_id in orphaned.fetchall():
+            _fail_running(conn, principal, session_id)
         self.left_behind = [
             (pid, started)
             for pid, started, owner, owner_started in conn.execute("SELECT * FROM processes").fetchall()
@@ -280,6 +295,43 @@ class SqliteStore:
 
     def _submit(self, op: _Op, done: concurrent.futures.Future[None] | None = None) -> None:
         self._queue.put((op, done))
+
+    async def claim(self, principal: str, session_id: str) -> Claim:
+        """Make this process the session's owner unless a live process owns it (docs/api.md
+        "Several processes on one state directory"): the owner record holds a pid and its
+        start time, so a reused pid is never taken for the owner. An owner that is gone is
+        replaced, and the turns it left running are recorded ``BRIDGE_RESTARTED`` first. Returns
+        once the claim is committed (the writer's transactions are ``BEGIN IMMEDIATE``, so two
+        processes claiming at once are serialised)."""
+        outcome: list[Claim] = []
+
+        def op(c: sqlite3.Connection) -> None:
+            row = c.execute(
+                "SELECT pid, started FROM owners WHERE principal = ? AND session_id = ?", (principal, session_id)
+            ).fetchone()
+            mine = row is not None and (row[0], row[1]) == self._me
+            if row is not None and not mine and _alive(row[0], row[1]):
+                outcome.append(Claim(owner_pid=row[0]))
+                return
+            if row is not None and not mine:
+                _fail_running(c, principal, session_id)
+            c.execute("INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?)", (principal, session_id, *self._me))
+            outcome.append(Claim(took_over=row is not None and not mine))
+
+        await self.opened()
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(op, done)
+        await asyncio.wrap_future(done)
+        return outcome[0] if outcome else Claim()
+
+    def release(self, principal: str, session_id: str) -> None:
+        """This process no longer owns the session (it unloaded or closed it)."""
+        self._submit(
+            lambda c: c.execute(
+                "DELETE FROM owners WHERE principal = ? AND session_id = ? AND pid = ? AND started = ?",
+                (principal, session_id, *self._me),
+            )
+        )
 
     def save_session(self, record: SessionRecord) -> None:
         values = (
@@ -354,6 +406,11 @@ class SqliteStore:
         self._submit(lambda c: self._insert_segments(c, segments))
 
     def save_turn(self, principal: str, session_id: str, turn: TurnRecord) -> None:
+        """Record a turn (running, or ended with its result). The updates gathered so far go to
+        the writer first, so an ended turn is never committed before its last updates (a
+        process following the log from the store stops once the turn has ended)."""
+        if turn.ended_at is not None:
+            self._hand_over()
         keep = self.retention.max_turn_results
         values = (
             principal,
@@ -439,7 +496,7 @@ class SqliteStore:
         self, conn: sqlite3.Connection, group: Sequence[tuple[_Op, concurrent.futures.Future[None] | None]]
     ) -> None:
         try:
-            conn.execute("BEGIN")
+            conn.execute("BEGIN IMMEDIATE")  # the write lock first: a claim reads, then writes
             for op, _ in group:
                 op(conn)
             conn.execute("COMMIT")
@@ -449,7 +506,7 @@ class SqliteStore:
             log.exception("the session store could not commit %d writes; retrying them one by one", len(group))
             for op, done in group:
                 try:
-                    conn.execute("BEGIN")
+                    conn.execute("BEGIN IMMEDIATE")
                     op(conn)
                     conn.execute("COMMIT")
                 except Exception as exc:
@@ -534,11 +591,12 @@ class SqliteStore:
                 args += [before[0], before[0], before[1]]
             rows = c.execute(
                 "SELECT session_id, thread_id, provider_id, working_directory, created_at, updated_at, state, "
-                f"'[]', closed, seq_reserved, seq_exact, NULL FROM sessions WHERE {where} "
-                "ORDER BY updated_at DESC, session_id DESC LIMIT ?",
+                f"'[]', closed, seq_reserved, seq_exact, NULL, EXISTS (SELECT 1 FROM turns t WHERE "
+                "t.principal = s.principal AND t.session_id = s.session_id AND t.ended_at IS NULL) "
+                f"FROM sessions s WHERE {where} ORDER BY updated_at DESC, session_id DESC LIMIT ?",
                 (*args, limit),
             ).fetchall()
-            return [_session(principal, row[0], row[1:]) for row in rows]
+            return [msgspec.structs.replace(_session(principal, r[0], r[1:12]), running=bool(r[12])) for r in rows]
 
         return await self._read(read)
 
@@ -651,8 +709,36 @@ def _lines(lines: bytes) -> list[tuple[int, bytes]]:
     return pairs
 
 
+def _fail_running(conn: sqlite3.Connection, principal: str, session_id: str) -> None:
+    """Record the session's running turns as failed (``BRIDGE_RESTARTED``), with the output they
+    had streamed, and add them to its conversation history."""
+    now = time.time()
+    rows = conn.execute(
+        "SELECT turn_id, prompt FROM turns WHERE principal = ? AND session_id = ? AND ended_at IS NULL",
+        (principal, session_id),
+    )
+    for turn_id, prompt in rows.fetchall():
+        output = "".join(_deltas(conn, principal, session_id, turn_id))
+        _add_history(conn, principal, session_id, [("user", prompt)] + ([("assistant", output)] if output else []))
+        result = {
+            "success": False,
+            "status": "failed",
+            "turnId": turn_id,
+            "sessionId": session_id,
+            "output": output,
+            "summary": output.strip()[:200],
+            "error": {"code": "BRIDGE_RESTARTED", "message": "the bridge stopped while the turn ran"},
+        }
+        conn.execute(
+            "UPDATE turns SET ended_at = ?, status = 'failed', result = ? "
+            "WHERE principal = ? AND session_id = ? AND turn_id = ?",
+            (now, _json(result), principal, session_id, turn_id),
+        )
+        log.info("turn %s of session %s was running when its bridge stopped", turn_id, session_id[:80])
+
+
 def _delete(conn: sqlite3.Connection, principal: str, session_id: str) -> None:
-    for table in ("segments", "turns", "sessions"):
+    for table in ("segments", "turns", "sessions", "owners"):
         conn.execute(f"DELETE FROM {table} WHERE principal = ? AND session_id = ?", (principal, session_id))
 
 

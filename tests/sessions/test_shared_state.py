@@ -1,0 +1,165 @@
+"""Several bridge processes on one state directory (docs/api.md "Several processes on one state
+directory"): each session is owned by one process at a time; another reads it, follows its log
+(over SSE and over a WebSocket), is refused its turns and its close with -32005
+``owned_elsewhere``, never records the owner's running turn as BRIDGE_RESTARTED, and takes the
+session over once its owner is gone (stopped, or killed)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from websockets.sync.client import connect
+
+from tests.sessions.test_restart import Bridge, config, turn
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def stream(bridge: Bridge, method: str, params: dict[str, Any], until_delta: str | None = None) -> list[dict[str, Any]]:
+    """The SSE messages of one request (all of them, or up to the delta ``until_delta``)."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    messages: list[dict[str, Any]] = []
+    with httpx.stream(
+        "POST", f"{bridge.url}/acp/rpc", json=body, headers={"Accept": "text/event-stream"}, timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                messages.append(orjson.loads(line[6:]))
+                if until_delta is not None and messages[-1].get("params", {}).get("delta") == until_delta:
+                    break
+    return messages
+
+
+def running_turn(owner: Bridge, session: str) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """Start a slow turn on ``owner`` (streamed over SSE in a thread); return once it streams."""
+    seen: list[dict[str, Any]] = []
+    started = threading.Event()
+
+    def run() -> None:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "session.start", "params": turn(session, "go", "fake")}
+        with (
+            contextlib.suppress(httpx.HTTPError),  # a test may kill the owner under it
+            httpx.stream(
+                "POST", f"{owner.url}/acp/rpc", json=body, headers={"Accept": "text/event-stream"}, timeout=60
+            ) as response,
+        ):
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    seen.append(orjson.loads(line[6:]))
+                    if seen[-1].get("params", {}).get("delta") == "2 ":
+                        started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(30), "the owner's turn never streamed"
+    return thread, seen
+
+
+def updates(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m["params"] for m in messages if m.get("method") == "session.update"]
+
+
+def test_a_second_process_reads_follows_and_is_refused_a_session_the_first_owns(tmp_path):
+    cfg = config(tmp_path)
+    owner = Bridge(tmp_path, cfg)
+    other = None
+    try:
+        thread, seen = running_turn(owner, "s1")
+        other = Bridge(tmp_path, cfg)  # opening the store while the owner's turn runs
+        got = other.call("session.get", {"sessionId": "s1"})["result"]
+        assert got["state"] == "running" and got["turns"][0]["status"] == "running"
+        listed = other.call("session.list", {})["result"]["sessions"]
+        assert [(e["sessionId"], e["state"]) for e in listed] == [("s1", "running")]
+
+        refused = other.call("session.message", {**turn("s1", "me too", "echo")})["error"]
+        assert refused["code"] == -32005 and refused["data"]["reason"] == "owned_elsewhere"
+        assert refused["data"]["ownerPid"] == owner.proc.pid and str(owner.proc.pid) in refused["message"]
+        closing = other.call("session.close", {"sessionId": "s1"})["error"]
+        assert closing["code"] == -32005 and closing["data"]["reason"] == "owned_elsewhere"
+
+        followed = stream(other, "session.subscribe", {"sessionId": "s1", "afterSeq": 0})
+        thread.join(30)
+        assert not thread.is_alive()
+        mine = [u["seq"] for u in updates(seen)]
+        assert [u["seq"] for u in updates(followed)] == mine  # every update, once, in order
+        answer = followed[-1]["result"]
+        assert answer["subscribed"] is True and answer["result"]["status"] == "completed"
+        assert seen[-1]["result"]["status"] == "completed"  # not BRIDGE_RESTARTED by the second's start
+        assert other.call("session.get", {"sessionId": "s1"})["result"]["state"] == "idle"
+
+        owner.stop()  # a clean stop gives the session up: the other process continues it
+        messages = stream(other, "session.message", turn("s1", "and now?", "echo"))
+        continued = messages[-1]["result"]
+        assert continued["status"] == "completed" and "User: go" in continued["output"]
+        assert min(u["seq"] for u in updates(messages)) > max(mine)  # no seq given twice
+    finally:
+        owner.stop()
+        if other is not None:
+            other.stop()
+
+
+def test_a_websocket_follows_another_process_session_until_it_unsubscribes(tmp_path):
+    cfg = config(tmp_path)
+    owner = Bridge(tmp_path, cfg)
+    other = Bridge(tmp_path, cfg)
+    try:
+        thread, seen = running_turn(owner, "s1")
+        with connect(f"ws://127.0.0.1:{other.port}/acp", open_timeout=10) as ws:
+            ws.send(
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 7,
+                        "method": "session.subscribe",
+                        "params": {"sessionId": "s1", "afterSeq": 0},
+                    }
+                )
+            )
+            received: list[dict[str, Any]] = []
+            reply = None
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+                if message.get("id") == 7:
+                    reply = message
+                elif message.get("method") == "session.update":
+                    received.append(message["params"])
+                    if received[-1].get("type") == "done":
+                        break
+            assert reply is not None and reply["result"]["subscribed"] is True
+            thread.join(30)
+            assert [u["seq"] for u in received] == [u["seq"] for u in updates(seen)]
+            ws.send(
+                json.dumps({"jsonrpc": "2.0", "id": 8, "method": "session.unsubscribe", "params": {"sessionId": "s1"}})
+            )
+            answer = json.loads(ws.recv(timeout=10))
+            assert answer["id"] == 8 and answer["result"]["unsubscribed"] is True
+    finally:
+        owner.stop()
+        other.stop()
+
+
+def test_a_session_whose_owner_was_killed_is_taken_over_and_its_turn_recorded(tmp_path):
+    cfg = config(tmp_path)
+    owner = Bridge(tmp_path, cfg)
+    other = Bridge(tmp_path, cfg)
+    try:
+        _thread, seen = running_turn(owner, "s1")
+        turn_id = seen[0]["params"]["turnId"]
+        owner.proc.send_signal(signal.SIGKILL)
+        owner.proc.wait(10)
+        messages = stream(other, "session.message", turn("s1", "still there?", "echo"))
+        assert messages[-1]["result"]["status"] == "completed"
+        first = other.call("session.result", {"sessionId": "s1", "turnId": turn_id})["result"]
+        assert first["error"]["code"] == "BRIDGE_RESTARTED" and first["output"].startswith("0 ")
+    finally:
+        owner.stop()
+        other.stop()
