@@ -18,7 +18,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -209,6 +209,9 @@ class TurnRequest(msgspec.Struct, frozen=True):
     mcp_servers: tuple[dict[str, Any], ...] = ()
     client: ClientLink | None = None
     config_options: dict[str, str] = msgspec.field(default_factory=dict)  # the agent's, by id: value
+    fallback_prompt: str | None = None
+    """The prompt with the stored conversation before it, for a provider asked to resume its own
+    session (``Resumable.resume``) that could not: it sends this instead (and says so)."""
 
     def text_prompt(self) -> str:
         """The prompt for a provider that takes text only (exec profiles): the attachments, which
@@ -238,6 +241,7 @@ class TurnOutcome(msgspec.Struct, frozen=True):
     upstream_session_id: str | None = None
     resolved_model: str | None = None
     context_reset: bool = False
+    context_restored: str | None = None  # how a stored conversation was continued: ``session/load`` or ``history``
     artifacts: list[dict[str, Any]] | None = None  # the result's ``artifacts`` (knowledge turns)
     run_id: str | None = None  # the result's ``runId`` (gateway turns)
     mode: str | None = None  # the result's ``mode`` (``gateway-chat``)
@@ -290,6 +294,18 @@ class ProviderSession(Protocol):
 
     async def aclose(self) -> None:
         """End the provider session and its processes. Bounded in time; idempotent."""
+        ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A provider session that can take up its own earlier session after a bridge restart (an
+    ACP agent that advertises ``loadSession``: docs/api.md "Restarts")."""
+
+    def resume(self, upstream_session_id: str, working_directory: str) -> bool:
+        """Continue ``upstream_session_id`` on the next turn instead of starting afresh; True
+        when it will try (the turn then uses ``TurnRequest.fallback_prompt`` if the agent
+        cannot load it, and reports which in ``TurnOutcome.context_restored``)."""
         ...
 
 

@@ -24,7 +24,7 @@ from bridge.rpc.errors import LimitReached, SessionBusy
 from compat.base import ProviderSession
 from compat.telemetry import METRICS
 from orchestrator.machine import Trigger
-from orchestrator.store import HISTORY_KEPT, SEQ_BLOCK, SessionRecord, Store, TurnRecord
+from orchestrator.store import HISTORY_KEPT, SEQ_BLOCK, SessionRecord, Store, TurnRecord, Upstream
 
 log = logging.getLogger(__name__)
 Subscriber = Callable[[dict[str, Any]], None]
@@ -324,6 +324,7 @@ class Session:
         self._waiting: deque[QueuedTurn] = deque()
         self._admitted: dict[QueuedTurn, anyio.Event] = {}
         self.provider_id_before = record.provider_id if record is not None else None  # of the stored conversation
+        self.upstream: Upstream | None = record.upstream if record is not None else None
         if record is not None:
             self.working_directory = record.working_directory
             self._history.extend(record.history)
@@ -379,6 +380,7 @@ class Session:
                 # each entry's end (a new agent session is given the latest 64 KiB of it, at most)
                 history=[(role, text[-STORED_ENTRY_CHARS:]) for role, text in self.history],
                 closed=self.closed,
+                upstream=self.upstream,
             )
         )
 

@@ -88,6 +88,14 @@ CREATE TABLE IF NOT EXISTS processes (
     owner_started REAL NOT NULL,
     PRIMARY KEY (pid, started)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS upstreams (
+    principal TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    provider_id TEXT NOT NULL,
+    upstream_id TEXT NOT NULL,
+    working_directory TEXT NOT NULL,
+    PRIMARY KEY (principal, session_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS owners (
     principal TEXT NOT NULL,
     session_id TEXT NOT NULL,
@@ -114,6 +122,17 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     next_seq: int = 1  # the first seq the session may use after loading
     last_seq: int = 0  # the last seq it gave that the store kept
     running: bool = False  # a turn of it has not ended (``list_sessions`` only: another process may run it)
+    upstream: Upstream | None = None  # the provider's own session, to resume it after a restart
+
+
+class Upstream(msgspec.Struct, frozen=True):
+    """The provider's own session behind a bridge session (an ACP agent's ``sessionId``) and the
+    working directory it was opened in: after a restart the agent may load it again
+    (``session/load``) instead of being given the stored conversation."""
+
+    provider_id: str
+    session_id: str
+    working_directory: str
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -346,6 +365,20 @@ class SqliteStore:
             _json(record.history).decode(),
             int(record.closed),
         )
+        upstream = record.upstream
+        if upstream is not None:
+            self._submit(
+                lambda c: c.execute(
+                    "INSERT OR REPLACE INTO upstreams VALUES (?, ?, ?, ?, ?)",
+                    (
+                        record.principal,
+                        record.session_id,
+                        upstream.provider_id,
+                        upstream.session_id,
+                        upstream.working_directory,
+                    ),
+                )
+            )
         self._submit(
             lambda c: c.execute(
                 "INSERT INTO sessions (principal, session_id, thread_id, provider_id, working_directory, "
@@ -579,7 +612,15 @@ class SqliteStore:
                 "AND u.session_id = s.session_id) FROM sessions s WHERE principal = ? AND session_id = ?",
                 (principal, session_id),
             ).fetchone()
-            return None if row is None else _session(principal, session_id, row)
+            if row is None:
+                return None
+            upstream = c.execute(
+                "SELECT provider_id, upstream_id, working_directory FROM upstreams "
+                "WHERE principal = ? AND session_id = ?",
+                (principal, session_id),
+            ).fetchone()
+            record = _session(principal, session_id, row)
+            return record if upstream is None else msgspec.structs.replace(record, upstream=Upstream(*upstream))
 
         return await self._read(read)
 
@@ -738,7 +779,7 @@ def _fail_running(conn: sqlite3.Connection, principal: str, session_id: str) -> 
 
 
 def _delete(conn: sqlite3.Connection, principal: str, session_id: str) -> None:
-    for table in ("segments", "turns", "sessions", "owners"):
+    for table in ("segments", "turns", "sessions", "owners", "upstreams"):
         conn.execute(f"DELETE FROM {table} WHERE principal = ? AND session_id = ?", (principal, session_id))
 
 

@@ -38,6 +38,7 @@ from compat.base import (
     ClientLink,
     PermissionEvent,
     ProviderSession,
+    Resumable,
     SessionStateEvent,
     TextDelta,
     ThoughtDelta,
@@ -53,6 +54,7 @@ from orchestrator.machine import Trigger, TurnMachine, TurnState
 from orchestrator.results import TurnErrorInfo, TurnResult
 from orchestrator.routing import Resolution
 from orchestrator.sessions import PendingPermission, Session
+from orchestrator.store import Upstream
 
 if TYPE_CHECKING:
     from orchestrator.registry import ProviderRegistry
@@ -320,13 +322,23 @@ class Turn:
         spec, host = self._spec, self._host
         await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
         self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
-        prompt, content = spec.prompt, spec.content
+        prompt, content, fallback = spec.prompt, spec.content, None
         if self._session.restored:  # a new agent session continues a stored conversation
             self._session.restored = False
             if not spec.start and self._session.history:
-                prompt = with_history(self._session.history, prompt)
-                content = ()  # the text, with the history before it, is what the agent gets
-                self._context_restored = "history"
+                upstream = self._session.upstream
+                if (
+                    upstream is not None
+                    and upstream.provider_id == provider_id
+                    and upstream.working_directory == spec.cwd
+                    and isinstance(self.provider, Resumable)
+                    and self.provider.resume(upstream.session_id, spec.cwd)
+                ):  # the agent may load its own session: the stored conversation is its fallback
+                    fallback = with_history(self._session.history, prompt)
+                else:
+                    prompt = with_history(self._session.history, prompt)
+                    content = ()  # the text, with the history before it, is what the agent gets
+                    self._context_restored = "history"
         request = TurnRequest(
             session_id=self._session.session_id,
             thread_id=self._session.thread_id,
@@ -341,8 +353,11 @@ class Turn:
             mcp_servers=spec.mcp_servers,
             client=spec.client,
             config_options=spec.config_options,
+            fallback_prompt=fallback,
         )
         self._outcome = await self.provider.run_turn(request, self)
+        if self._outcome.context_restored:
+            self._context_restored = self._outcome.context_restored
         self.fire(Trigger.RESULT)
 
     def withdraw(self, trigger: Trigger) -> None:
@@ -458,6 +473,8 @@ class Turn:
             )
         provider = self.provider
         upstream = outcome.upstream_session_id or (provider.upstream_session_id if provider is not None else None)
+        if upstream and resolution.provider_key:  # for a restart: the agent may load it again
+            self._session.upstream = Upstream(resolution.provider_key, upstream, self._spec.cwd)
         stop_reason = outcome.stop_reason if status == outcome.status and outcome.stop_reason else None
         return TurnResult(
             success=status == "completed",

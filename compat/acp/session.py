@@ -27,6 +27,7 @@ from collections import deque
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 
 from bridge.rpc.redact import redact
 from compat.acp.capacity import AgentCapacity, NoAgentCapacity
@@ -119,6 +120,8 @@ class AcpSession:
         self._idle_since: float | None = None
         self._idle_wake: anyio.Event | None = None
         self._request: TurnRequest | None = None  # the running turn's input (its editor, MCP servers)
+        self._resuming = False  # the next turn loads a session this agent had before a restart
+        self._restored: str | None = None  # how this turn continued the stored conversation
 
     @property
     def idle(self) -> bool:
@@ -133,6 +136,16 @@ class AcpSession:
         async with self._lock:
             logger.debug("session %s: ending its idle agent to make room (maxLiveAgents)", self.session_id)
             await self._drop_conn()
+
+    def resume(self, upstream_session_id: str, working_directory: str) -> bool:
+        """``Resumable``: the next turn loads ``upstream_session_id`` (``session/load``, when the
+        agent advertises it) rather than opening a new session; only before any turn."""
+        if self._acp_session_id is not None or self._conn is not None:
+            return False
+        self._acp_session_id = upstream_session_id
+        self._acp_cwd = self._config.cwd or working_directory
+        self._resuming = True
+        return True
 
     @property
     def pid(self) -> int | None:
@@ -205,6 +218,13 @@ class AcpSession:
             conn = await self._connect(cwd, model)
             phase = "session"
             session_id, context_reset = await self._open_acp_session(turn, conn, cwd)
+            if self._resuming:  # after a restart: loaded, or a new session given the stored conversation
+                self._resuming = False
+                if context_reset and request.fallback_prompt is not None:
+                    request = msgspec.structs.replace(request, prompt=request.fallback_prompt, content=())
+                    context_reset, self._restored = False, "history"
+                elif not context_reset:
+                    self._restored = "session/load"
             resolved_model = await self._models.apply(conn, session_id, model, turn.sink.emit)
             if request.config_options:
                 await self._models.apply_options(conn, session_id, request.config_options, turn.sink.emit)
@@ -414,7 +434,12 @@ class AcpSession:
             upstream_session_id=self._acp_session_id,
             resolved_model=resolved_model,
             context_reset=context_reset,
+            context_restored=self._take_restored(),
         )
+
+    def _take_restored(self) -> str | None:
+        restored, self._restored = self._restored, None
+        return restored
 
     def _wake(self) -> None:
         if self._idle_wake is not None:
