@@ -582,7 +582,17 @@ class SqliteStore:
             return pages * page_size
 
         while used() > self.retention.max_bytes:
-            oldest = conn.execute("SELECT principal, session_id FROM sessions ORDER BY updated_at LIMIT 1").fetchone()
+            # the oldest session of the principal storing the most: one token filling the
+            # database prunes its own sessions first, not everyone's oldest
+            oldest = (
+                conn.execute(
+                    "SELECT principal, session_id FROM sessions WHERE principal = (SELECT principal FROM "
+                    "(SELECT principal, sum(length(lines)) AS bytes FROM segments GROUP BY principal "
+                    "UNION ALL SELECT principal, sum(length(result)) FROM turns GROUP BY principal) "
+                    "GROUP BY principal ORDER BY sum(bytes) DESC LIMIT 1) ORDER BY updated_at LIMIT 1"
+                ).fetchone()
+                or conn.execute("SELECT principal, session_id FROM sessions ORDER BY updated_at LIMIT 1").fetchone()
+            )
             if oldest is None:
                 break
             _delete(conn, *oldest)

@@ -192,6 +192,33 @@ async def test_pruning_past_state_max_bytes_keeps_the_newest_sessions_and_the_bo
         assert [r.session_id for r in await store.list_sessions("local", None, 100)] == kept
 
 
+async def test_pruning_past_state_max_bytes_takes_from_the_principal_storing_the_most(tmp_path):
+    """One token filling the database loses its own oldest sessions, not another token's older,
+    smaller ones (one token never disturbs another's sessions)."""
+    from orchestrator.sessions import Session
+    from orchestrator.store import Retention
+
+    path = tmp_path / "sessions.db"
+    async with SqliteStore(path, Retention(max_bytes=300_000)) as store:
+        for i in range(2):  # alice's sessions are the oldest in the database
+            session = Session(f"a{i}", "alice", f"a{i}", store=store)
+            session.log.append({"type": "delta", "delta": "x" * 2000})
+            session.save()
+            await store.flush()
+        for i in range(12):
+            session = Session(f"m{i}", "mallory", f"m{i}", store=store)
+            for _ in range(20):
+                session.log.append({"type": "delta", "delta": "x" * 2000})
+            session.save()
+            await store.flush()
+        store.prune()
+        await store.flush()
+        alice = [r.session_id for r in await store.list_sessions("alice", None, 100)]
+        mallory = [r.session_id for r in await store.list_sessions("mallory", None, 100)]
+    assert sorted(alice) == ["a0", "a1"]
+    assert 0 < len(mallory) < 12 and "m11" in mallory and "m0" not in mallory
+
+
 async def test_a_resume_from_before_a_crash_sees_no_gap_in_the_skipped_numbers(tmp_path):
     from orchestrator.sessions import Session
 
