@@ -17,7 +17,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
@@ -306,6 +306,18 @@ class Resumable(Protocol):
         """Continue ``upstream_session_id`` on the next turn instead of starting afresh; True
         when it will try (the turn then uses ``TurnRequest.fallback_prompt`` if the agent
         cannot load it, and reports which in ``TurnOutcome.context_restored``)."""
+        ...
+
+
+@runtime_checkable
+class KeepsHistory(Protocol):
+    """A provider session that keeps the conversation itself, as structured history (the
+    knowledge provider asks its sources the message alone and gives the runtime the history):
+    after a restart it is handed the stored conversation instead of text before the message."""
+
+    def restore_history(self, history: Sequence[tuple[str, str]]) -> None:
+        """Take ``history`` (``(role, text)``, role ``user`` or ``assistant``, oldest first) as
+        the conversation so far."""
         ...
 
 

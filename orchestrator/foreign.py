@@ -14,7 +14,6 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``compat``.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,6 +22,7 @@ import msgspec
 from bridge.rpc.codec import loads
 from bridge.rpc.errors import SessionBusy
 from orchestrator.results import SessionSnapshot, TurnSummary, title_of
+from orchestrator.store import process_alive
 
 if TYPE_CHECKING:
     from orchestrator.sessions import Listener
@@ -36,27 +36,48 @@ TURNS_SHOWN = 100
 
 
 class Foreign(msgspec.Struct, frozen=True):
-    """A session as the store has it, owned by the live process ``owner_pid``."""
+    """A session as the store has it, not loaded in this process: owned by the live process
+    ``owner_pid`` (started at ``owner_started``, seconds since the epoch), or read without
+    claiming it (``owner_pid`` None: ``session.get``, ``session.result`` and the history
+    claim no session)."""
 
     record: SessionRecord
-    owner_pid: int
+    owner_pid: int | None = None
+    owner_started: float = 0.0
 
     def refuse(self, what: str) -> SessionBusy:
         """-32005 for ``what`` (``a turn``, ``closing``): only the owner may."""
         return SessionBusy(
             f"{what} needs the session's owner: another bridge process on this state directory "
-            f"(pid {self.owner_pid}) has it; continue there, or once that process has ended",
+            f"(pid {self.owner_pid}) has it; send it there, or retry here once that process has stopped",
             reason="owned_elsewhere",
             ownerPid=self.owner_pid,
             sessionId=self.record.session_id[:200],
         )
 
+    def owner_gone(self) -> bool:
+        """Its owner no longer runs (or its pid is another process's now)."""
+        return self.owner_pid is not None and not process_alive(self.owner_pid, self.owner_started)
+
+
+class Follower:
+    """One stream following a foreign session's log: its cancel scope and the last ``seq``
+    delivered to it (the orchestrator hands the stream over to the session's in-memory log,
+    from that ``seq``, when this process takes the session)."""
+
+    __slots__ = ("cursor", "listener", "scope")
+
+    def __init__(self, listener: Listener, cursor: int) -> None:
+        self.listener = listener
+        self.cursor = cursor
+        self.scope = anyio.CancelScope()
+
 
 async def snapshot(store: Store, foreign: Foreign) -> SessionSnapshot:
-    """``session.get`` of a foreign session: ``running`` while the store has a turn that has not
-    ended."""
-    record = foreign.record
+    """``session.get`` of a foreign session, read afresh (its owner writes it meanwhile):
+    ``running`` while the store has a turn that has not ended."""
     await store.flush()
+    record = await store.load_session(foreign.record.principal, foreign.record.session_id) or foreign.record
     stored = await store.turns(record.principal, record.session_id, TURNS_SHOWN)
     running = any(t.ended_at is None for t in stored)
     return SessionSnapshot(
@@ -78,31 +99,37 @@ async def snapshot(store: Store, foreign: Foreign) -> SessionSnapshot:
     )
 
 
-async def replay(store: Store, foreign: Foreign, listener: Listener, after_seq: int, until: float = math.inf) -> int:
-    """Deliver the stored updates with ``after_seq < seq < until``, in order; returns the last
-    ``seq`` delivered (``after_seq`` when none)."""
-    record, cursor = foreign.record, after_seq
-    while True:
-        rows = await store.read_updates(record.principal, record.session_id, cursor, None, READ_CHUNK)
-        for seq, body in rows:
-            if seq >= until:
-                return cursor
-            listener.deliver(loads(body))
-            cursor = seq
-        if len(rows) < READ_CHUNK:
-            return cursor
-
-
-async def tail(store: Store, foreign: Foreign, listener: Listener, cursor: int, *, until_idle: bool) -> int:
-    """Follow the session's log from ``cursor``: deliver each new update once, in order, every
-    :data:`POLL` seconds, until cancelled (the stream closed or unsubscribed) or, with
-    ``until_idle``, until no turn runs and every update it logged was delivered. Returns the
-    last ``seq`` delivered."""
+async def replay(store: Store, foreign: Foreign, follower: Follower) -> None:
+    """Deliver the stored updates after ``follower.cursor``, in order, advancing it."""
     record = foreign.record
     while True:
-        cursor = await replay(store, foreign, listener, cursor)
-        if until_idle:
-            stored = await store.turns(record.principal, record.session_id, 1)
-            if not any(t.ended_at is None for t in stored):
-                return await replay(store, foreign, listener, cursor)  # what it logged before it ended
+        rows = await store.read_updates(record.principal, record.session_id, follower.cursor, None, READ_CHUNK)
+        for seq, body in rows:
+            follower.listener.deliver(loads(body))
+            follower.cursor = seq
+        if len(rows) < READ_CHUNK:
+            return
+
+
+async def tail(store: Store, foreign: Foreign, follower: Follower, *, until_idle: bool) -> None:
+    """Follow the session's log: deliver each new update once, in order, every :data:`POLL`
+    seconds, until cancelled (the stream closed or unsubscribed, or this process took the
+    session) or, with ``until_idle``, until no turn runs and every update it logged was
+    delivered. An owner found gone while its turn runs is replaced for a moment, which records
+    that turn ``BRIDGE_RESTARTED`` (so the follow ends instead of waiting for a turn nobody
+    runs), and the session is left to whoever loads it next."""
+    record = foreign.record
+    recovered = False
+    while True:
+        await replay(store, foreign, follower)
+        if until_idle or not recovered:
+            running = any(t.ended_at is None for t in await store.turns(record.principal, record.session_id, 1))
+            if running and not recovered and foreign.owner_gone():
+                recovered = True
+                if (await store.claim(record.principal, record.session_id)).owner_pid is None:
+                    store.release(record.principal, record.session_id)
+                continue
+            if until_idle and not running:
+                await store.flush()
+                return await replay(store, foreign, follower)  # what it logged before it ended
         await anyio.sleep(POLL)  # another process writes this log: the store is read on a clock

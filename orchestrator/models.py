@@ -51,7 +51,7 @@ class SubscribeParams(SessionRef):
     """``session.subscribe``: replay the logged updates after ``afterSeq`` (absent: none, only
     live ones; an SSE ``Last-Event-ID`` header of the same session stands in for it)."""
 
-    after_seq: int | None = Field(None, ge=0)
+    after_seq: int | None = Field(None, ge=0, le=2**62)  # seq values fit SQLite's 64-bit integers
 
 
 class ResultParams(SessionRef):

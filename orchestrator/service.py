@@ -139,7 +139,7 @@ class Orchestrator:
             limits.max_sessions, limits.max_queued_turns, self._forgotten, limits.max_sessions_per_token, store=store
         )
         self._loading: dict[tuple[str, str], _Loading] = {}
-        self._following: dict[tuple[str, str, str], anyio.CancelScope] = {}  # (stream, principal, session)
+        self._following: dict[tuple[str, str, str], foreign.Follower] = {}  # (stream, principal, session)
         self._unobserve: Callable[[], None] = lambda: None
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
@@ -402,10 +402,15 @@ class Orchestrator:
         usable = self.workspace.usable_attachments(params.attachments, principal, params.session_id)
         copies = attachments.match(params.attachments, params.inline_attachments, usable)
         resolution = self._route(params.task_prompt, params.routing, params.model, params.preferred_provider, principal)
-        if isinstance(loaded := await self._load(principal, params.session_id, create=True), Foreign):
+        if isinstance(loaded := await self._load(principal, params.session_id, claim=True, create=True), Foreign):
             raise loaded.refuse("a turn")
         thread_id = params.thread_id or params.session_id
-        session = self.sessions.open(params.session_id, principal, thread_id)
+        try:
+            session = self.sessions.open(params.session_id, principal, thread_id)
+        except LimitReached:  # no room for it: it was claimed for nothing
+            if self.store is not None:
+                self.store.release(principal, params.session_id)
+            raise
         if start and session.stopping:  # Stop, then send (the app's next send is a session.start)
             await self._until_stopped(session)
             session = self.sessions.open(params.session_id, principal, thread_id)  # closed meanwhile?
@@ -566,12 +571,15 @@ class Orchestrator:
 
     # ---- the stored sessions: load, get, subscribe, result, list --------------------------------
 
-    async def _load(self, principal: str, session_id: str, *, create: bool = False) -> Session | Foreign | None:
-        """The principal's session: in memory, else loaded from the store and owned by this
-        process, else (another live process owns it) a :class:`Foreign` read from the store.
-        ``create``: claim the session even when the store does not have it (a turn will make
-        it). Callers that wait for the same load resume in the order they asked (admission
-        order holds).
+    async def _load(
+        self, principal: str, session_id: str, *, claim: bool, create: bool = False
+    ) -> Session | Foreign | None:
+        """The principal's session: in memory; else, with ``claim`` (turns, subscriptions,
+        close), loaded from the store and owned by this process, or a :class:`Foreign` with its
+        owner when another live process owns it; else (reads) a :class:`Foreign` read from the
+        store, claiming nothing. ``create``: claim the session even when the store does not
+        have it (a turn will make it). Callers that wait for the same load resume in the order
+        they asked (admission order holds).
 
         Raises:
             LimitReached: -32006, no room to load it (``maxSessionsPerToken``, all busy).
@@ -581,6 +589,10 @@ class Orchestrator:
             session = self.sessions.get(session_id, principal)
             if session is not None or self.store is None:
                 return session
+            if not claim:
+                await self.store.flush()  # what this process wrote (an unloaded session's last turn)
+                record = await self.store.load_session(principal, session_id)
+                return Foreign(record) if record is not None else None
             loading = self._loading.get(key)
             if loading is None:
                 loading = self._loading[key] = _Loading(create)
@@ -593,35 +605,64 @@ class Orchestrator:
                 return loading.foreign
             if not create or loading.create:
                 return self.sessions.get(session_id, principal)
-            # a read's load (which claims no unknown session) was in flight: claim it now
+            # a load that claims no unknown session was in flight: claim it now
 
     async def _fetch(self, principal: str, session_id: str, loading: _Loading) -> None:
         store = self.store
         assert store is not None
+        claimed = False
         try:
             await store.flush()  # what this process wrote (an unloaded session's last turn) is readable
             record = await store.load_session(principal, session_id)
             if record is None and not loading.create:
                 return
             claim = await store.claim(principal, session_id)
-            if claim.took_over and record is not None:  # the gone owner's running turns were just recorded
-                record = await store.load_session(principal, session_id)
             if claim.owner_pid is not None:
                 record = record or SessionRecord(principal=principal, session_id=session_id, thread_id=session_id)
-                loading.foreign = Foreign(record, claim.owner_pid)
-            elif record is not None and self.sessions.get(session_id, principal) is None:
-                self.sessions.open(session_id, principal, record.thread_id, record=record)
+                loading.foreign = Foreign(record, claim.owner_pid, claim.owner_started)
+                return
+            claimed = True
+            if claim.took_over and record is not None:  # the gone owner's running turns were just recorded
+                record = await store.load_session(principal, session_id)
+            if record is not None and self.sessions.get(session_id, principal) is None:
+                followers = await self._stop_following(Foreign(record))
+                session = self.sessions.open(session_id, principal, record.thread_id, record=record)
+                for follower in followers:  # they go on with the session's own log, from where they were
+                    self._subscribe_stream(session, follower.listener)
         except LimitReached as exc:  # no room to load it (maxSessionsPerToken, all busy): -32006
-            store.release(principal, session_id)
             loading.error = exc
         except Exception:
             log.exception("loading session %s from the store failed", session_id[:80])
         finally:
+            if claimed and self.sessions.get(session_id, principal) is None and not loading.create:
+                store.release(principal, session_id)  # claimed but not loaded: nobody here owns it
             self._loading.pop((principal, session_id), None)
             loading.done.set()
 
-    async def _known(self, principal: str, session_id: str) -> Session | Foreign:
-        session = await self._load(principal, session_id)
+    async def _stop_following(self, session: Foreign) -> list[foreign.Follower]:
+        """End the store followers of ``session`` (this process has just taken it): each is
+        given what the store logged after its cursor, so it can go on with the in-memory log."""
+        assert self.store is not None
+        record = session.record
+        followers = [
+            self._following.pop(key)
+            for key in list(self._following)
+            if key[1] == record.principal and key[2] == record.session_id
+        ]
+        for follower in followers:
+            follower.scope.cancel()
+            await foreign.replay(self.store, session, follower)
+        return followers
+
+    def _subscribe_stream(self, session: Session, listener: Listener) -> None:
+        """``listener`` receives the session's updates until its stream closes or unsubscribes."""
+        assert listener.closers is not None
+        if session.log.attach(listener.key, listener.deliver, "subscribe"):
+            log_ = session.log
+            listener.closers.append(lambda: log_.detach(listener.key))
+
+    async def _known(self, principal: str, session_id: str, *, claim: bool = False) -> Session | Foreign:
+        session = await self._load(principal, session_id, claim=claim)
         if session is None:
             raise NotFound("unknown session", sessionId=session_id[:200])
         return session
@@ -696,7 +737,7 @@ class Orchestrator:
         Raises:
             NotFound: -32004, no such session for this principal.
         """
-        session = await self._known(principal, session_id)
+        session = await self._known(principal, session_id, claim=listener.closers is not None)
         if isinstance(session, Foreign):
             return await self._follow(session, listener, after_seq, until_idle=until_idle)
         if listener.closers is None:
@@ -708,9 +749,7 @@ class Orchestrator:
             missed = await self._replay(session, listener, after_seq)
             if missed is not None:
                 gap, first = True, missed
-        if session.log.attach(listener.key, listener.deliver, "subscribe"):
-            log_ = session.log
-            listener.closers.append(lambda: log_.detach(listener.key))
+        self._subscribe_stream(session, listener)
         running = session.active
         result: dict[str, Any] | UnsetType = UNSET
         if until_idle and isinstance(running, Turn):
@@ -742,21 +781,23 @@ class Orchestrator:
             gap, first = True, oldest
         result: dict[str, Any] | UnsetType = UNSET
         if until_idle:
-            await foreign.tail(store, session, listener, cursor, until_idle=True)
+            await foreign.tail(store, session, foreign.Follower(listener, cursor), until_idle=True)
             stored = await store.turns(record.principal, record.session_id, 1)
             ended = await store.turn(record.principal, record.session_id, stored[0].turn_id) if stored else None
             if ended is not None and ended.result is not None:
                 result = ended.result
         elif (key := (listener.key, record.principal, record.session_id)) not in self._following:
-            scope = self._following[key] = anyio.CancelScope()
-            listener.closers.append(scope.cancel)
+            follower = self._following[key] = foreign.Follower(listener, cursor)
+            listener.closers.append(follower.scope.cancel)
 
             async def follow() -> None:
                 try:
-                    with scope:
-                        await foreign.tail(store, session, listener, cursor, until_idle=False)
+                    with follower.scope:
+                        await foreign.tail(store, session, follower, until_idle=False)
+                except Exception:  # a failed read ends this follow, never the orchestrator's task group
+                    log.exception("following session %s in the store failed", record.session_id[:80])
                 finally:
-                    if self._following.get(key) is scope:
+                    if self._following.get(key) is follower:
                         del self._following[key]
 
             self._tg.start_soon(follow)
@@ -805,7 +846,7 @@ class Orchestrator:
         session = self.sessions.get(session_id, principal)
         listening = session is not None and session.log.listening(key)
         if (following := self._following.pop((key, principal, session_id), None)) is not None:
-            following.cancel()
+            following.scope.cancel()
             listening = True
         if session is not None:
             session.log.detach(key, "subscribe")
@@ -901,7 +942,7 @@ class Orchestrator:
         """``session.close``: stop its turns at once, end the provider session and its process,
         forget the session. Another principal's session is an unknown one (``closed: false``).
         """
-        session = await self._load(principal, session_id)
+        session = await self._load(principal, session_id, claim=True)
         if isinstance(session, Foreign):
             raise session.refuse("closing it")
         if session is None or session.closed:

@@ -186,6 +186,7 @@ class Claim(msgspec.Struct, frozen=True):
     took it from an owner that is gone (whose running turns were recorded ``BRIDGE_RESTARTED``)."""
 
     owner_pid: int | None = None
+    owner_started: float = 0.0
     took_over: bool = False
 
 
@@ -285,7 +286,13 @@ class SqliteStore:
             conn.executescript(_SCHEMA)
             with contextlib.suppress(OSError):
                 os.chmod(self.path, 0o600)
-            self._recover(conn)
+            conn.execute("BEGIN IMMEDIATE")  # one transaction: no claim lands between its steps
+            try:
+                self._recover(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             self._prune_sessions(conn)
         finally:
             conn.close()
@@ -296,7 +303,7 @@ class SqliteStore:
         recorded). Sessions a live process owns (another bridge on this state directory) keep
         their running turns."""
         for pid, started in conn.execute("SELECT DISTINCT pid, started FROM owners").fetchall():
-            if not _alive(pid, started):
+            if not process_alive(pid, started):
                 conn.execute("DELETE FROM owners WHERE pid = ? AND started = ?", (pid, started))
         orphaned = conn.execute(
             "SELECT DISTINCT principal, session_id FROM turns t WHERE ended_at IS NULL AND NOT EXISTS "
@@ -307,7 +314,7 @@ class SqliteStore:
         self.left_behind = [
             (pid, started)
             for pid, started, owner, owner_started in conn.execute("SELECT * FROM processes").fetchall()
-            if not _alive(owner, owner_started)
+            if not process_alive(owner, owner_started)
         ]
 
     # ---- writes (queued) --------------------------------------------------------------------------
@@ -329,8 +336,8 @@ class SqliteStore:
                 "SELECT pid, started FROM owners WHERE principal = ? AND session_id = ?", (principal, session_id)
             ).fetchone()
             mine = row is not None and (row[0], row[1]) == self._me
-            if row is not None and not mine and _alive(row[0], row[1]):
-                outcome.append(Claim(owner_pid=row[0]))
+            if row is not None and not mine and process_alive(row[0], row[1]):
+                outcome.append(Claim(owner_pid=row[0], owner_started=row[1]))
                 return
             if row is not None and not mine:
                 _fail_running(c, principal, session_id)
@@ -838,7 +845,7 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
-def _alive(pid: int, started: float) -> bool:
+def process_alive(pid: int, started: float) -> bool:
     """``pid`` runs and is the same process (its start time matches, so a reused pid is not)."""
     now = _start_time(pid)
     return now is not None and abs(now - started) < 0.5
@@ -852,7 +859,7 @@ async def _end_left_behind(store: SqliteStore) -> int:
 
         ended = 0
         for pid, started in store.left_behind:
-            if _alive(pid, started):
+            if process_alive(pid, started):
                 with contextlib.suppress(OSError):
                     if os.getpgid(pid) == pid:  # it still leads its own group: end the group
                         os.killpg(pid, signal.SIGKILL)

@@ -36,6 +36,7 @@ from compat import tracing
 from compat.base import (
     Attachment,
     ClientLink,
+    KeepsHistory,
     PermissionEvent,
     ProviderSession,
     Resumable,
@@ -321,13 +322,19 @@ class Turn:
     async def _run_provider(self, provider_id: str, turn_id: str) -> None:
         spec, host = self._spec, self._host
         await host.registry.wait_probe(provider_id, host.timeouts.initialize_timeout)
+        before = self._session.provider_id
         self.provider, self._context_reset = await host.provider_for(self._session, provider_id, start=spec.start)
+        if self._session.provider_id != before:  # readable at once (another process's session.get)
+            self._session.save()
         prompt, content, fallback = spec.prompt, spec.content, None
         if self._session.restored:  # a new agent session continues a stored conversation
             self._session.restored = False
             if not spec.start and self._session.history:
                 upstream = self._session.upstream
-                if (
+                if isinstance(self.provider, KeepsHistory):
+                    self.provider.restore_history(list(self._session.history))
+                    self._context_restored = "history"
+                elif (
                     upstream is not None
                     and upstream.provider_id == provider_id
                     and upstream.working_directory == spec.cwd

@@ -48,6 +48,11 @@ class KnowledgeSession:
             self.history.append(("assistant", answer))
         return outcome
 
+    def restore_history(self, history: Sequence[tuple[str, str]]) -> None:
+        """``KeepsHistory``: the stored conversation after a restart (the sources are asked the
+        message alone; prepended to it, the history pulled retrieval off the question)."""
+        self.history.extend(history)
+
     def request_cancel(self) -> bool:
         """No graceful stop: a cancel cuts the turn off at once."""
         return False

@@ -1,7 +1,8 @@
 """Continuing a conversation after a restart (docs/api.md "Restarts"): an agent that advertises
 ``loadSession`` loads its own session again (``contextRestored: "session/load"``, the prompt
 alone); when it cannot (its session is gone), the new session is given the stored conversation
-(``contextRestored: "history"``)."""
+(``contextRestored: "history"``); the knowledge provider keeps it as history, so its sources are
+asked the message alone."""
 
 from __future__ import annotations
 
@@ -59,5 +60,29 @@ def test_a_session_the_agent_cannot_load_gets_the_stored_conversation(tmp_path):
         result = bridge.call("session.message", turn("s1", "which number?", "memo"))["result"]
         assert result["status"] == "completed" and result["contextRestored"] == "history"
         assert "User: remember the number 41" in result["output"] and "which number?" in result["output"]
+    finally:
+        bridge.stop()
+
+
+def citations(result: dict[str, Any]) -> list[str]:
+    return [c["title"] for c in result["artifacts"][0]["citations"]]
+
+
+def test_the_knowledge_provider_gets_the_stored_conversation_as_history_not_in_its_question(tmp_path):
+    cfg = config(tmp_path)
+    bridge = Bridge(tmp_path, cfg)
+    try:
+        assert bridge.call("session.start", turn("k1", "how do I write an exec profile?", "knowledge"))["result"][
+            "success"
+        ]
+    finally:
+        bridge.stop()
+    bridge = Bridge(tmp_path, cfg)
+    try:
+        question = "how do I set allowed origins?"
+        continued = bridge.call("session.message", turn("k1", question, "knowledge"))["result"]
+        fresh = bridge.call("session.start", turn("k2", question, "knowledge"))["result"]
+        assert continued["contextRestored"] == "history"
+        assert citations(continued)[:1] == citations(fresh)[:1]  # the history did not pull retrieval away
     finally:
         bridge.stop()

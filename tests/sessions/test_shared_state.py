@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import yaml
 from websockets.sync.client import connect
 
 from tests.sessions.test_restart import Bridge, config, turn
@@ -76,6 +77,7 @@ def test_a_second_process_reads_follows_and_is_refused_a_session_the_first_owns(
         other = Bridge(tmp_path, cfg)  # opening the store while the owner's turn runs
         got = other.call("session.get", {"sessionId": "s1"})["result"]
         assert got["state"] == "running" and got["turns"][0]["status"] == "running"
+        assert got["providerId"] == "fake"  # saved as the turn started, not only at its end
         listed = other.call("session.list", {})["result"]["sessions"]
         assert [(e["sessionId"], e["state"]) for e in listed] == [("s1", "running")]
 
@@ -92,6 +94,7 @@ def test_a_second_process_reads_follows_and_is_refused_a_session_the_first_owns(
         assert [u["seq"] for u in updates(followed)] == mine  # every update, once, in order
         answer = followed[-1]["result"]
         assert answer["subscribed"] is True and answer["result"]["status"] == "completed"
+        assert answer["lastSeq"] == answer["state"]["lastSeq"] == max(mine)  # read afresh, not at subscribe
         assert seen[-1]["result"]["status"] == "completed"  # not BRIDGE_RESTARTED by the second's start
         assert other.call("session.get", {"sessionId": "s1"})["result"]["state"] == "idle"
 
@@ -137,14 +140,77 @@ def test_a_websocket_follows_another_process_session_until_it_unsubscribes(tmp_p
             assert reply is not None and reply["result"]["subscribed"] is True
             thread.join(30)
             assert [u["seq"] for u in received] == [u["seq"] for u in updates(seen)]
-            ws.send(
-                json.dumps({"jsonrpc": "2.0", "id": 8, "method": "session.unsubscribe", "params": {"sessionId": "s1"}})
-            )
+            owner.stop()  # this socket's process takes the session over with its next message
+            message_params = turn("s1", "hi", "echo")
+            ws.send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "session.message", "params": message_params}))
+            after: list[int] = []
+            while True:
+                message = json.loads(ws.recv(timeout=30))
+                if message.get("id") == 9:
+                    assert message["result"]["status"] == "completed"
+                    break
+                if message.get("method") == "session.update":
+                    after.append(message["params"]["seq"])
+            assert after and len(after) == len(set(after)) and after == sorted(after)  # each once, in order
+            assert min(after) > max(u["seq"] for u in received)
+            unsubscribe = {"jsonrpc": "2.0", "id": 8, "method": "session.unsubscribe", "params": {"sessionId": "s1"}}
+            ws.send(json.dumps(unsubscribe))
             answer = json.loads(ws.recv(timeout=10))
             assert answer["id"] == 8 and answer["result"]["unsubscribed"] is True
     finally:
         owner.stop()
         other.stop()
+
+
+def test_a_seq_past_64_bits_is_refused_and_the_follower_process_goes_on(tmp_path):
+    cfg = config(tmp_path)
+    owner = Bridge(tmp_path, cfg)
+    other = Bridge(tmp_path, cfg)
+    try:
+        thread, _seen = running_turn(owner, "s1")
+        with connect(f"ws://127.0.0.1:{other.port}/acp", open_timeout=10) as ws:
+            params = {"sessionId": "s1", "afterSeq": 2**63}
+            ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": params}))
+            assert json.loads(ws.recv(timeout=10))["error"]["code"] == -32602
+        thread.join(30)
+        assert other.call("session.start", turn("s2", "still fine?", "echo"))["result"]["status"] == "completed"
+    finally:
+        owner.stop()
+        other.stop()
+
+
+def test_a_refused_new_session_is_not_left_owned(tmp_path):
+    cfg = config(tmp_path)
+    data = yaml.safe_load(cfg.read_text())
+    data["limits"] = {"maxSessions": 1}
+    cfg.write_text(yaml.safe_dump(data))
+    owner = Bridge(tmp_path, cfg)
+    other = Bridge(tmp_path, cfg)
+    try:
+        thread, _seen = running_turn(owner, "s1")  # its one session is busy
+        assert owner.call("session.start", turn("ghost", "hi", "echo"))["error"]["code"] == -32006
+        assert other.call("session.start", turn("ghost", "hi", "echo"))["result"]["status"] == "completed"
+        thread.join(30)
+    finally:
+        owner.stop()
+        other.stop()
+
+
+def test_reads_claim_nothing(tmp_path):
+    cfg = config(tmp_path)
+    first = Bridge(tmp_path, cfg)
+    try:
+        assert first.call("session.start", turn("s1", "hi", "echo"))["result"]["status"] == "completed"
+    finally:
+        first.stop()
+    reader, writer = Bridge(tmp_path, cfg), Bridge(tmp_path, cfg)
+    try:
+        assert reader.call("session.get", {"sessionId": "s1"})["result"]["state"] == "idle"
+        assert reader.call("session.list", {})["result"]["sessions"][0]["sessionId"] == "s1"
+        assert writer.call("session.message", turn("s1", "again", "echo"))["result"]["status"] == "completed"
+    finally:
+        reader.stop()
+        writer.stop()
 
 
 def test_a_session_whose_owner_was_killed_is_taken_over_and_its_turn_recorded(tmp_path):
@@ -154,8 +220,31 @@ def test_a_session_whose_owner_was_killed_is_taken_over_and_its_turn_recorded(tm
     try:
         _thread, seen = running_turn(owner, "s1")
         turn_id = seen[0]["params"]["turnId"]
+        followed: list[dict[str, Any]] = []
+        following = threading.Event()
+
+        def follow() -> None:
+            body = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "session.subscribe",
+                "params": {"sessionId": "s1", "afterSeq": 0},
+            }
+            headers = {"Accept": "text/event-stream"}
+            with httpx.stream("POST", f"{other.url}/acp/rpc", json=body, headers=headers, timeout=60) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        followed.append(orjson.loads(line[6:]))
+                        following.set()
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        assert following.wait(20), "the follower received nothing"
         owner.proc.send_signal(signal.SIGKILL)
         owner.proc.wait(10)
+        follower.join(20)
+        assert not follower.is_alive(), "the follower waits for a turn nobody runs"
+        assert followed[-1]["result"]["result"]["error"]["code"] == "BRIDGE_RESTARTED"
         messages = stream(other, "session.message", turn("s1", "still there?", "echo"))
         assert messages[-1]["result"]["status"] == "completed"
         first = other.call("session.result", {"sessionId": "s1", "turnId": turn_id})["result"]

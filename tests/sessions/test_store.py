@@ -239,7 +239,9 @@ async def test_a_resume_from_before_a_crash_sees_no_gap_in_the_skipped_numbers(t
         assert stream.got[-1]["seq"] > 5 + SEQ_BLOCK  # past the reserved block: never a seq twice
 
 
-async def test_session_get_past_the_principals_cap_is_a_limit_error_not_unknown(tmp_path):
+async def test_past_the_principals_cap_a_read_still_works_and_a_subscribe_is_a_limit_error(tmp_path):
+    """Reads are served from the store without loading the session (they count against no
+    cap); a subscription loads it, and past maxSessionsPerToken that is -32006, not unknown."""
     from bridge.rpc.errors import LimitReached
 
     async with in_background(orchestrator(tmp_path, max_sessions_per_token=1)) as orch:
@@ -248,8 +250,10 @@ async def test_session_get_past_the_principals_cap_is_a_limit_error_not_unknown(
         async with anyio.create_task_group() as tg:
             tg.start_soon(partial(orch.run_turn, params("hang", "s2"), "local", lambda *_: None, start=True))
             await anyio.wait_all_tasks_blocked()
+            assert (await orch.get("s1", "local")).state == "idle"
+            listener = StreamListener(lambda *_: None, "stream-1", closers=[])
             try:
-                await orch.get("s1", "local")
+                await orch.subscribe("s1", "local", listener, None, until_idle=False)
             except LimitReached as exc:
                 assert exc.code == -32006
             else:
