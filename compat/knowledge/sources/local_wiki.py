@@ -202,7 +202,7 @@ class LocalWikiSource:
         limitations = [] if evidence else ["No matching page was found."]
         if total > servable:
             limitations.append(f"{total - servable} draft page(s) were withheld.")
-        # the graph around the best hits only: an evidence-only turn asks for 32 hits to rerank
+        # the graph around the best hits only: an evidence-only turn asks for 16 hits to rerank
         # (compat.knowledge.reading), and the neighbourhood of all of them doubled a turn's time
         seeds = [f"page:{e['page_id']}" for e in evidence[:GRAPH_SEEDS] if "page_id" in e]
         near = neighborhood(view.graph, seeds, 1, "both", CONTEXT_GRAPH_LIMIT) if seeds else {"nodes": [], "edges": []}
@@ -271,7 +271,7 @@ class LocalWikiSource:
 
     async def read_texts(self, page_ids: list[str], max_chars: int) -> dict[str, str]:
         """``{page id: its Markdown body, cut at max_chars}`` of the pages that exist, in one
-        thread hop: an evidence-only turn reads a local wiki's best 32 pages (compat.knowledge.reading),
+        thread hop: an evidence-only turn reads a local wiki's best 16 pages (compat.knowledge.reading),
         and ``read_page`` per page, with its links walked over every edge of the graph, made a
         turn over four 2,000-page wikis take 0.87 s (bench case 7, target 50 ms)."""
         return await self._call(self._texts, page_ids, max_chars)
