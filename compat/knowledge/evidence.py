@@ -101,27 +101,31 @@ def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, 
     for node in raw_nodes[:GRAPH_NODES_PER_SOURCE]:
         node_id = str(node["id"])
         kept.add(node_id)
-        metadata = dict(node["metadata"]) if isinstance(node.get("metadata"), dict) else {}
+        meta = node.get("metadata")
+        metadata = {**meta, "sourceId": source_id} if isinstance(meta, dict) else {"sourceId": source_id}
         metadata.pop("source_root", None)
         out = {
             "id": f"{source_id}:{node_id}",
             "label": str(node.get("label") or node.get("title") or node_id),
             "kind": str(node.get("kind") or node.get("role") or "node"),
-            "metadata": {**metadata, "sourceId": source_id},
+            "metadata": metadata,
         }
         if path := safe_path(node.get("path")):
             out["path"] = path
         nodes.append(out)
     edges = []
-    for edge in graph.get("edges") or []:
-        if isinstance(edge, dict) and edge.get("source") in kept and edge.get("target") in kept:
-            metadata = dict(edge["metadata"]) if isinstance(edge.get("metadata"), dict) else {}
+    for edge in as_list(graph.get("edges")):
+        if not isinstance(edge, dict):
+            continue
+        source, target = edge.get("source"), edge.get("target")
+        if isinstance(source, str) and isinstance(target, str) and source in kept and target in kept:
+            meta = edge.get("metadata")  # one copy of it: a turn's graph has hundreds of edges
             edges.append(
                 {
-                    "source": f"{source_id}:{edge['source']}",
-                    "target": f"{source_id}:{edge['target']}",
+                    "source": f"{source_id}:{source}",
+                    "target": f"{source_id}:{target}",
                     "relation": str(edge.get("relation") or "related"),
-                    "metadata": {**metadata, "sourceId": source_id},
+                    "metadata": {**meta, "sourceId": source_id} if isinstance(meta, dict) else {"sourceId": source_id},
                 }
             )
     return nodes, edges
