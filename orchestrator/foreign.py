@@ -128,6 +128,7 @@ async def tail(store: Store, foreign: Foreign, follower: Follower, *, until_idle
                 recovered = True
                 if (await store.claim(record.principal, record.session_id)).owner_pid is None:
                     store.release(record.principal, record.session_id)
+                await store.end_left_behind(look_again=True)  # the agents the gone owner left
                 continue
             if until_idle and not running:
                 await store.flush()

@@ -622,8 +622,10 @@ class Orchestrator:
                 loading.foreign = Foreign(record, claim.owner_pid, claim.owner_started)
                 return
             claimed = True
-            if claim.took_over and record is not None:  # the gone owner's running turns were just recorded
-                record = await store.load_session(principal, session_id)
+            if claim.took_over:  # its owner is gone: end the agents it left, read what recovery wrote
+                await store.end_left_behind(look_again=True)
+                if record is not None:
+                    record = await store.load_session(principal, session_id)
             if record is not None and self.sessions.get(session_id, principal) is None:
                 followers = await self._stop_following(Foreign(record))
                 session = self.sessions.open(session_id, principal, record.thread_id, record=record)

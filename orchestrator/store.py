@@ -169,7 +169,7 @@ class Store(Protocol):
     def record_process(self, pid: int) -> None: ...
     def forget_process(self, pid: int, started: float | None = None) -> None: ...
     def prune(self) -> None: ...
-    async def end_left_behind(self) -> int: ...
+    async def end_left_behind(self, *, look_again: bool = False) -> int: ...
     async def __aenter__(self) -> Store: ...
     async def __aexit__(self, *exc_info: Any) -> None: ...
     @property
@@ -249,10 +249,23 @@ class SqliteStore:
         self._writer.start()
         return self
 
-    async def end_left_behind(self) -> int:
+    async def end_left_behind(self, *, look_again: bool = False) -> int:
         """End the process groups of the agents a bridge that is gone left behind (recorded with
         :meth:`record_process`), each checked by pid and start time so a reused pid is never
-        signalled, once the database is open; returns how many were ended."""
+        signalled, once the database is open; returns how many were ended. ``look_again``: read
+        the recorded processes afresh (an owner sharing this state directory was just found
+        gone, after this process's start-up recovery)."""
+        if look_again:
+            await self.opened()
+            rows = await self._read(lambda c: c.execute("SELECT * FROM processes").fetchall())
+            me = self._me
+            self.left_behind = await anyio.to_thread.run_sync(
+                lambda: [
+                    (pid, started)
+                    for pid, started, owner, owner_started in rows
+                    if (owner, owner_started) != me and not process_alive(owner, owner_started)
+                ]
+            )
         return await _end_left_behind(self)
 
     async def opened(self) -> None:

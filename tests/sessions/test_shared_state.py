@@ -15,11 +15,12 @@ from typing import Any
 
 import httpx
 import orjson
+import psutil
 import pytest
 import yaml
 from websockets.sync.client import connect
 
-from tests.sessions.test_restart import Bridge, config, turn
+from tests.sessions.test_restart import Bridge, config, gone, turn
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -240,6 +241,7 @@ def test_a_session_whose_owner_was_killed_is_taken_over_and_its_turn_recorded(tm
         follower = threading.Thread(target=follow, daemon=True)
         follower.start()
         assert following.wait(20), "the follower received nothing"
+        left = psutil.Process(owner.proc.pid).children(recursive=True)  # its agent (and probes of `stuck`)
         owner.proc.send_signal(signal.SIGKILL)
         owner.proc.wait(10)
         follower.join(20)
@@ -249,6 +251,13 @@ def test_a_session_whose_owner_was_killed_is_taken_over_and_its_turn_recorded(tm
         assert messages[-1]["result"]["status"] == "completed"
         first = other.call("session.result", {"sessionId": "s1", "turnId": turn_id})["result"]
         assert first["error"]["code"] == "BRIDGE_RESTARTED" and first["output"].startswith("0 ")
+        deadline = time.monotonic() + 20
+        while not all(gone(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.05)  # ended by the process that found their bridge gone, on its own clock
+        assert all(gone(p) for p in left), "a process the killed owner left behind still runs"
     finally:
         owner.stop()
         other.stop()
+        for proc in left if "left" in locals() else []:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
