@@ -11,8 +11,8 @@ The end of a child is its leader's exit, not stdout EOF, which never comes while
 holds the pipe: once the leader exited, what the pipes already hold is read (a drain, no timed
 wait) and the pumps end.
 
-How a child is pumped: its pipes are ours and non-blocking; stdout and stderr are read in the event
-loop's readiness callbacks (:class:`_PipeReader`), stdin is written with ``anyio.wait_writable``,
+How a child is pumped: its pipes are ours and non-blocking; stdout and stderr are read by a task
+each (``anyio.wait_readable``, then ``os.read``), stdin is written with ``anyio.wait_writable``,
 and the exit is a pidfd (Linux ≥ 5.3) that turns readable, reaped with ``Popen.poll``. Where
 pidfds are missing the exit is waited for by ``Popen.wait`` in a worker thread.
 
@@ -21,9 +21,7 @@ Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import signal
@@ -46,11 +44,6 @@ from compat.process.descendants import (
 from compat.process.env import StderrTail
 from compat.process.lines import LineFramer, LineTooLong
 from compat.process.threads import exit_waits
-
-try:
-    import sniffio
-except ImportError:  # anyio then asks asyncio for the running loop, which a callback has
-    sniffio = None
 
 if TYPE_CHECKING:
     import psutil
@@ -125,7 +118,6 @@ class AgentProcess:
         self._pumping: anyio.Event | None = None  # set once :meth:`run` has ended
         self._terminate_lock = anyio.Lock()
         self._terminated = False
-        self._watched: dict[int, _PipeReader] = {}
 
     # ---- facts ------------------------------------------------------------------------------------
 
@@ -157,9 +149,8 @@ class AgentProcess:
     async def run(
         self, on_line: LineConsumer, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Pump the pipes until stdout ends: its lines to ``on_line`` as they arrive (from the
-        event loop's readiness callback, see :class:`_PipeReader`), stderr into the tail, queued
-        writes to stdin. Run it in a task group of the owner's.
+        """Pump the pipes until stdout ends: its lines to ``on_line`` as they arrive, stderr into
+        the tail, queued writes to stdin. Run it in a task group of the owner's.
 
         stdout ends at EOF, or at the leader's exit once what the pipes hold is read. After EOF
         the leader gets :data:`EXIT_WAIT` seconds to exit. Our read ends are closed on return.
@@ -174,7 +165,7 @@ class AgentProcess:
         try:
             async with anyio.create_task_group() as tg:
                 assert self._stderr is not None
-                self._watch(self._stderr, self._take_stderr)  # read until EOF or _close_reads
+                tg.start_soon(_pump, self._stderr, self._take_stderr)  # until EOF, or cancelled below
                 tg.start_soon(self._write_stdin)
                 tg.start_soon(self._watch_exit)
                 task_status.started()
@@ -197,14 +188,10 @@ class AgentProcess:
     async def _read_stdout(self) -> None:
         fd = self._stdout
         assert fd is not None
-        reader = self._watch(fd, self._deliver)
         if not self._exited.is_set():
             with anyio.CancelScope() as self._reading:
-                await reader.ended.wait()
+                await _pump(fd, self._deliver)
             self._reading = None
-        self._unwatch(fd)
-        if reader.error is not None:
-            raise reader.error
         self._drain(self._stdout, self._deliver)  # the leader exited: take what the pipe still holds
         for line in self._lines.finish():
             self._line(line)
@@ -396,21 +383,11 @@ class AgentProcess:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)  # psutil checks the pid was not reused
 
-    def _watch(self, fd: int, take: Callable[[bytes], None]) -> _PipeReader:
-        reader = self._watched[fd] = _PipeReader(fd, take)
-        return reader
-
-    def _unwatch(self, fd: int) -> None:
-        watched = self._watched.pop(fd, None)
-        if watched is not None:
-            watched.close()
-
     def _close_reads(self) -> None:
         for name in ("_stdout", "_stderr"):
             fd = getattr(self, name)
             if fd is not None:
                 setattr(self, name, None)
-                self._unwatch(fd)
                 _close(fd)
 
 
@@ -432,60 +409,16 @@ def _read(fd: int) -> bytes | None:
         return b""
 
 
-class _PipeReader:
-    """A read pipe read in the event loop's readiness callback, each chunk handed to ``take`` at
-    once, as asyncio's own pipe transports read theirs (``loop.connect_read_pipe``); watched for
-    its whole life, so a read costs no ``epoll_ctl``.
-
-    Kept instead of the plain reader task (a loop on ``anyio.wait_readable``) because bench case
-    4 fails far worse without it: the task's wake-up puts one more pass of the event loop, and an
-    ``epoll_ctl`` pair, between an agent's write and the client. 100 agents writing a line every
-    20 ms, on 2 cores, paired in one session (3 rounds each): with the task, delay p50 14.2 ms
-    (43x the baseline relay) and steady p99 44 ms (12.8x); with the callback, p50 1.36 ms (4.7x)
-    and steady p99 14 ms (5.1x). An earlier run: p99 3.2-6.3x with the task, 1.14x with the
-    callback.
-
-    ``take`` runs in a copy of the creating task's context in which anyio finds the running async
-    library (it asks sniffio, which looks for a current task, and a callback has none): the
-    context sets ``sniffio.current_async_library_cvar``, sniffio's documented hook for code that
-    runs outside the library's tasks, so anyio events and ``TaskGroup.start_soon`` work there. It must not block, and cannot enter a cancel
-    scope (that needs a current task). ``ended`` is set at end of file, when ``take`` raised (kept
-    in ``error``, and nothing more is read), or on :meth:`close`.
-    """
-
-    __slots__ = ("_closed", "_context", "_fd", "_loop", "_take", "ended", "error")
-
-    def __init__(self, fd: int, take: Callable[[bytes], None]) -> None:
-        self._fd = fd
-        self._take = take
-        self._context = contextvars.copy_context()
-        if sniffio is not None:
-            self._context.run(sniffio.current_async_library_cvar.set, "asyncio")
-        self._loop = asyncio.get_running_loop()
-        self._closed = False
-        self.ended = asyncio.Event()
-        self.error: Exception | None = None
-        self._loop.add_reader(fd, self._on_readable)
-
-    def _on_readable(self) -> None:
-        data = _read(self._fd)
+async def _pump(fd: int, take: Callable[[bytes], None]) -> None:
+    """Hand each chunk the pipe ``fd`` yields to ``take``, until end of file."""
+    while True:
+        await anyio.wait_readable(fd)
+        data = _read(fd)
         if data is None:
-            return
+            continue
         if not data:
-            self.close()
             return
-        try:
-            self._context.run(self._take, data)
-        except Exception as exc:  # raised by the task that waits for ``ended``
-            self.error = exc
-            self.close()
-
-    def close(self) -> None:
-        """Stop reading (before the descriptor is closed); ``ended`` is set."""
-        if not self._closed:
-            self._closed = True
-            self._loop.remove_reader(self._fd)
-            self.ended.set()
+        take(data)
 
 
 def _close(fd: int) -> None:
