@@ -377,14 +377,6 @@ class WikiIndex:
             bool(draft),
         )
 
-    def get(self, page_id: str) -> Page | None:
-        """A servable page by id or relative path (drafts are withheld)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT * FROM pages WHERE (id = ? OR path = ?) AND draft = 0", (page_id, page_id)
-            ).fetchone()
-        return self._page(row) if row else None
-
     def pages(self) -> list[Page]:
         """Every servable page, ordered by path."""
         with self._lock:
