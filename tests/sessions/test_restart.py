@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,21 @@ class Bridge:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise
                 time.sleep(0.1)
+
+    def __enter__(self) -> Bridge:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def sse(self, method: str, params: dict[str, Any], timeout: float = 60) -> Iterator[dict[str, Any]]:
+        """The messages of one request's SSE response, as they arrive."""
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        headers = {"Accept": "text/event-stream"}
+        with httpx.stream("POST", f"{self.url}/acp/rpc", json=body, headers=headers, timeout=timeout) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    yield orjson.loads(line[6:])
 
     def call(self, method: str, params: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
         body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}

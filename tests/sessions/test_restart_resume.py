@@ -28,40 +28,31 @@ def config(tmp_path: Path) -> Path:
 
 
 def first_turn(tmp_path: Path, cfg: Path) -> dict[str, Any]:
-    bridge = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as bridge:
         result = bridge.call("session.start", turn("s1", "remember the number 41", "memo"))["result"]
         assert result["status"] == "completed" and result["upstreamSessionId"].startswith("fake-")
         return result
-    finally:
-        bridge.stop()
 
 
 def test_an_agent_that_loads_sessions_continues_its_own_after_a_restart(tmp_path):
     cfg = config(tmp_path)
     before = first_turn(tmp_path, cfg)
-    bridge = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as bridge:
         result = bridge.call("session.message", turn("s1", "which number?", "memo"))["result"]
         assert result["status"] == "completed" and result["contextRestored"] == "session/load"
         assert result["upstreamSessionId"] == before["upstreamSessionId"]
         assert result["output"] == "echo: which number?"  # the agent has the conversation: no history sent
         assert "contextReset" not in result or result["contextReset"] is False
-    finally:
-        bridge.stop()
 
 
 def test_a_session_the_agent_cannot_load_gets_the_stored_conversation(tmp_path):
     cfg = config(tmp_path)
     first_turn(tmp_path, cfg)
     (tmp_path / "agent-sessions.json").unlink()  # the agent lost its sessions meanwhile
-    bridge = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as bridge:
         result = bridge.call("session.message", turn("s1", "which number?", "memo"))["result"]
         assert result["status"] == "completed" and result["contextRestored"] == "history"
         assert "User: remember the number 41" in result["output"] and "which number?" in result["output"]
-    finally:
-        bridge.stop()
 
 
 def citations(result: dict[str, Any]) -> list[str]:
@@ -70,19 +61,13 @@ def citations(result: dict[str, Any]) -> list[str]:
 
 def test_the_knowledge_provider_gets_the_stored_conversation_as_history_not_in_its_question(tmp_path):
     cfg = config(tmp_path)
-    bridge = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as bridge:
         assert bridge.call("session.start", turn("k1", "how do I write an exec profile?", "knowledge"))["result"][
             "success"
         ]
-    finally:
-        bridge.stop()
-    bridge = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as bridge:
         question = "how do I set allowed origins?"
         continued = bridge.call("session.message", turn("k1", question, "knowledge"))["result"]
         fresh = bridge.call("session.start", turn("k2", question, "knowledge"))["result"]
         assert continued["contextRestored"] == "history"
         assert citations(continued)[:1] == citations(fresh)[:1]  # the history did not pull retrieval away
-    finally:
-        bridge.stop()

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import httpx
-import orjson
 import psutil
 import pytest
 import yaml
@@ -25,19 +24,9 @@ from tests.sessions.test_restart import Bridge, config, gone, turn
 pytestmark = pytest.mark.timeout(120)
 
 
-def stream(bridge: Bridge, method: str, params: dict[str, Any], until_delta: str | None = None) -> list[dict[str, Any]]:
-    """The SSE messages of one request (all of them, or up to the delta ``until_delta``)."""
-    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-    messages: list[dict[str, Any]] = []
-    with httpx.stream(
-        "POST", f"{bridge.url}/acp/rpc", json=body, headers={"Accept": "text/event-stream"}, timeout=60
-    ) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                messages.append(orjson.loads(line[6:]))
-                if until_delta is not None and messages[-1].get("params", {}).get("delta") == until_delta:
-                    break
-    return messages
+def stream(bridge: Bridge, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every SSE message of one request."""
+    return list(bridge.sse(method, params))
 
 
 def running_turn(owner: Bridge, session: str) -> tuple[threading.Thread, list[dict[str, Any]]]:
@@ -46,18 +35,11 @@ def running_turn(owner: Bridge, session: str) -> tuple[threading.Thread, list[di
     started = threading.Event()
 
     def run() -> None:
-        body = {"jsonrpc": "2.0", "id": 1, "method": "session.start", "params": turn(session, "go", "fake")}
-        with (
-            contextlib.suppress(httpx.HTTPError),  # a test may kill the owner under it
-            httpx.stream(
-                "POST", f"{owner.url}/acp/rpc", json=body, headers={"Accept": "text/event-stream"}, timeout=60
-            ) as response,
-        ):
-            for line in response.iter_lines():
-                if line.startswith("data: {"):
-                    seen.append(orjson.loads(line[6:]))
-                    if seen[-1].get("params", {}).get("delta") == "2 ":
-                        started.set()
+        with contextlib.suppress(httpx.HTTPError):  # a test may kill the owner under it
+            for message in owner.sse("session.start", turn(session, "go", "fake")):
+                seen.append(message)
+                if message.get("params", {}).get("delta") == "2 ":
+                    started.set()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -71,50 +53,42 @@ def updates(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_a_second_process_reads_follows_and_is_refused_a_session_the_first_owns(tmp_path):
     cfg = config(tmp_path)
-    owner = Bridge(tmp_path, cfg)
-    other = None
-    try:
+    with Bridge(tmp_path, cfg) as owner:
         thread, seen = running_turn(owner, "s1")
-        other = Bridge(tmp_path, cfg)  # opening the store while the owner's turn runs
-        got = other.call("session.get", {"sessionId": "s1"})["result"]
-        assert got["state"] == "running" and got["turns"][0]["status"] == "running"
-        assert got["providerId"] == "fake"  # saved as the turn started, not only at its end
-        listed = other.call("session.list", {})["result"]["sessions"]
-        assert [(e["sessionId"], e["state"]) for e in listed] == [("s1", "running")]
+        with Bridge(tmp_path, cfg) as other:  # opening the store while the owner's turn runs
+            got = other.call("session.get", {"sessionId": "s1"})["result"]
+            assert got["state"] == "running" and got["turns"][0]["status"] == "running"
+            assert got["providerId"] == "fake"  # saved as the turn started, not only at its end
+            listed = other.call("session.list", {})["result"]["sessions"]
+            assert [(e["sessionId"], e["state"]) for e in listed] == [("s1", "running")]
 
-        refused = other.call("session.message", {**turn("s1", "me too", "echo")})["error"]
-        assert refused["code"] == -32005 and refused["data"]["reason"] == "owned_elsewhere"
-        assert refused["data"]["ownerPid"] == owner.proc.pid and str(owner.proc.pid) in refused["message"]
-        closing = other.call("session.close", {"sessionId": "s1"})["error"]
-        assert closing["code"] == -32005 and closing["data"]["reason"] == "owned_elsewhere"
+            refused = other.call("session.message", {**turn("s1", "me too", "echo")})["error"]
+            assert refused["code"] == -32005 and refused["data"]["reason"] == "owned_elsewhere"
+            assert refused["data"]["ownerPid"] == owner.proc.pid and str(owner.proc.pid) in refused["message"]
+            closing = other.call("session.close", {"sessionId": "s1"})["error"]
+            assert closing["code"] == -32005 and closing["data"]["reason"] == "owned_elsewhere"
 
-        followed = stream(other, "session.subscribe", {"sessionId": "s1", "afterSeq": 0})
-        thread.join(30)
-        assert not thread.is_alive()
-        mine = [u["seq"] for u in updates(seen)]
-        assert [u["seq"] for u in updates(followed)] == mine  # every update, once, in order
-        answer = followed[-1]["result"]
-        assert answer["subscribed"] is True and answer["result"]["status"] == "completed"
-        assert answer["lastSeq"] == answer["state"]["lastSeq"] == max(mine)  # read afresh, not at subscribe
-        assert seen[-1]["result"]["status"] == "completed"  # not BRIDGE_RESTARTED by the second's start
-        assert other.call("session.get", {"sessionId": "s1"})["result"]["state"] == "idle"
+            followed = stream(other, "session.subscribe", {"sessionId": "s1", "afterSeq": 0})
+            thread.join(30)
+            assert not thread.is_alive()
+            mine = [u["seq"] for u in updates(seen)]
+            assert [u["seq"] for u in updates(followed)] == mine  # every update, once, in order
+            answer = followed[-1]["result"]
+            assert answer["subscribed"] is True and answer["result"]["status"] == "completed"
+            assert answer["lastSeq"] == answer["state"]["lastSeq"] == max(mine)  # read afresh, not at subscribe
+            assert seen[-1]["result"]["status"] == "completed"  # not BRIDGE_RESTARTED by the second's start
+            assert other.call("session.get", {"sessionId": "s1"})["result"]["state"] == "idle"
 
-        owner.stop()  # a clean stop gives the session up: the other process continues it
-        messages = stream(other, "session.message", turn("s1", "and now?", "echo"))
-        continued = messages[-1]["result"]
-        assert continued["status"] == "completed" and "User: go" in continued["output"]
-        assert min(u["seq"] for u in updates(messages)) > max(mine)  # no seq given twice
-    finally:
-        owner.stop()
-        if other is not None:
-            other.stop()
+            owner.stop()  # a clean stop gives the session up: the other process continues it
+            messages = stream(other, "session.message", turn("s1", "and now?", "echo"))
+            continued = messages[-1]["result"]
+            assert continued["status"] == "completed" and "User: go" in continued["output"]
+            assert min(u["seq"] for u in updates(messages)) > max(mine)  # no seq given twice
 
 
 def test_a_websocket_follows_another_process_session_until_it_unsubscribes(tmp_path):
     cfg = config(tmp_path)
-    owner = Bridge(tmp_path, cfg)
-    other = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as owner, Bridge(tmp_path, cfg) as other:
         thread, seen = running_turn(owner, "s1")
         with connect(f"ws://127.0.0.1:{other.port}/acp", open_timeout=10) as ws:
             ws.send(
@@ -158,16 +132,11 @@ def test_a_websocket_follows_another_process_session_until_it_unsubscribes(tmp_p
             ws.send(json.dumps(unsubscribe))
             answer = json.loads(ws.recv(timeout=10))
             assert answer["id"] == 8 and answer["result"]["unsubscribed"] is True
-    finally:
-        owner.stop()
-        other.stop()
 
 
 def test_a_seq_past_64_bits_is_refused_and_the_follower_process_goes_on(tmp_path):
     cfg = config(tmp_path)
-    owner = Bridge(tmp_path, cfg)
-    other = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as owner, Bridge(tmp_path, cfg) as other:
         thread, _seen = running_turn(owner, "s1")
         with connect(f"ws://127.0.0.1:{other.port}/acp", open_timeout=10) as ws:
             params = {"sessionId": "s1", "afterSeq": 2**63}
@@ -175,9 +144,6 @@ def test_a_seq_past_64_bits_is_refused_and_the_follower_process_goes_on(tmp_path
             assert json.loads(ws.recv(timeout=10))["error"]["code"] == -32602
         thread.join(30)
         assert other.call("session.start", turn("s2", "still fine?", "echo"))["result"]["status"] == "completed"
-    finally:
-        owner.stop()
-        other.stop()
 
 
 def test_a_refused_new_session_is_not_left_owned(tmp_path):
@@ -185,79 +151,56 @@ def test_a_refused_new_session_is_not_left_owned(tmp_path):
     data = yaml.safe_load(cfg.read_text())
     data["limits"] = {"maxSessions": 1}
     cfg.write_text(yaml.safe_dump(data))
-    owner = Bridge(tmp_path, cfg)
-    other = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as owner, Bridge(tmp_path, cfg) as other:
         thread, _seen = running_turn(owner, "s1")  # its one session is busy
         assert owner.call("session.start", turn("ghost", "hi", "echo"))["error"]["code"] == -32006
         assert other.call("session.start", turn("ghost", "hi", "echo"))["result"]["status"] == "completed"
         thread.join(30)
-    finally:
-        owner.stop()
-        other.stop()
 
 
 def test_reads_claim_nothing(tmp_path):
     cfg = config(tmp_path)
-    first = Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as first:
         assert first.call("session.start", turn("s1", "hi", "echo"))["result"]["status"] == "completed"
-    finally:
-        first.stop()
-    reader, writer = Bridge(tmp_path, cfg), Bridge(tmp_path, cfg)
-    try:
+    with Bridge(tmp_path, cfg) as reader, Bridge(tmp_path, cfg) as writer:
         assert reader.call("session.get", {"sessionId": "s1"})["result"]["state"] == "idle"
         assert reader.call("session.list", {})["result"]["sessions"][0]["sessionId"] == "s1"
         assert writer.call("session.message", turn("s1", "again", "echo"))["result"]["status"] == "completed"
-    finally:
-        reader.stop()
-        writer.stop()
 
 
 def test_a_session_whose_owner_was_killed_is_taken_over_and_its_turn_recorded(tmp_path):
     cfg = config(tmp_path)
-    owner = Bridge(tmp_path, cfg)
-    other = Bridge(tmp_path, cfg)
-    try:
-        _thread, seen = running_turn(owner, "s1")
-        turn_id = seen[0]["params"]["turnId"]
-        followed: list[dict[str, Any]] = []
-        following = threading.Event()
+    left: list[psutil.Process] = []
+    with Bridge(tmp_path, cfg) as owner, Bridge(tmp_path, cfg) as other:
+        try:
+            _thread, seen = running_turn(owner, "s1")
+            turn_id = seen[0]["params"]["turnId"]
+            followed: list[dict[str, Any]] = []
+            following = threading.Event()
 
-        def follow() -> None:
-            body = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "session.subscribe",
-                "params": {"sessionId": "s1", "afterSeq": 0},
-            }
-            headers = {"Accept": "text/event-stream"}
-            with httpx.stream("POST", f"{other.url}/acp/rpc", json=body, headers=headers, timeout=60) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: {"):
-                        followed.append(orjson.loads(line[6:]))
-                        following.set()
+            def follow() -> None:
+                for message in other.sse("session.subscribe", {"sessionId": "s1", "afterSeq": 0}):
+                    followed.append(message)
+                    following.set()
 
-        follower = threading.Thread(target=follow, daemon=True)
-        follower.start()
-        assert following.wait(20), "the follower received nothing"
-        left = psutil.Process(owner.proc.pid).children(recursive=True)  # its agent (and probes of `stuck`)
-        owner.proc.send_signal(signal.SIGKILL)
-        owner.proc.wait(10)
-        follower.join(20)
-        assert not follower.is_alive(), "the follower waits for a turn nobody runs"
-        assert followed[-1]["result"]["result"]["error"]["code"] == "BRIDGE_RESTARTED"
-        messages = stream(other, "session.message", turn("s1", "still there?", "echo"))
-        assert messages[-1]["result"]["status"] == "completed"
-        first = other.call("session.result", {"sessionId": "s1", "turnId": turn_id})["result"]
-        assert first["error"]["code"] == "BRIDGE_RESTARTED" and first["output"].startswith("0 ")
-        deadline = time.monotonic() + 20
-        while not all(gone(p) for p in left) and time.monotonic() < deadline:
-            time.sleep(0.05)  # ended by the process that found their bridge gone, on its own clock
-        assert all(gone(p) for p in left), "a process the killed owner left behind still runs"
-    finally:
-        owner.stop()
-        other.stop()
-        for proc in left if "left" in locals() else []:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            assert following.wait(20), "the follower received nothing"
+            left += psutil.Process(owner.proc.pid).children(recursive=True)  # its agent (and probes of `stuck`)
+            owner.proc.send_signal(signal.SIGKILL)
+            owner.proc.wait(10)
+            follower.join(20)
+            assert not follower.is_alive(), "the follower waits for a turn nobody runs"
+            assert followed[-1]["result"]["result"]["error"]["code"] == "BRIDGE_RESTARTED"
+            messages = stream(other, "session.message", turn("s1", "still there?", "echo"))
+            assert messages[-1]["result"]["status"] == "completed"
+            first = other.call("session.result", {"sessionId": "s1", "turnId": turn_id})["result"]
+            assert first["error"]["code"] == "BRIDGE_RESTARTED" and first["output"].startswith("0 ")
+            deadline = time.monotonic() + 20
+            while not all(gone(p) for p in left) and time.monotonic() < deadline:
+                time.sleep(0.05)  # ended by the process that found their bridge gone, on its own clock
+            assert all(gone(p) for p in left), "a process the killed owner left behind still runs"
+        finally:
+            for proc in left:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()

@@ -170,20 +170,26 @@ async def test_a_session_unloaded_for_being_idle_is_loaded_again_with_its_log(tm
         assert orjson.loads(orjson.dumps(stream.got[-1]))["type"] == "done"
 
 
+async def stored_session(store: SqliteStore, principal: str, session_id: str, *, updates: int) -> None:
+    """A session of ``principal`` with ``updates`` deltas of 2,000 bytes, committed."""
+    from orchestrator.sessions import Session
+
+    session = Session(session_id, principal, session_id, store=store)
+    for _ in range(updates):
+        session.log.append({"type": "delta", "delta": "x" * 2000})
+    session.save()
+    await store.flush()
+
+
 async def test_pruning_past_state_max_bytes_keeps_the_newest_sessions_and_the_bound(tmp_path):
     """The database over stateMaxBytes loses its least recently active sessions, only as many as
     it takes (free pages are given back: they do not count)."""
-    from orchestrator.sessions import Session
     from orchestrator.store import Retention
 
     path = tmp_path / "sessions.db"
     async with SqliteStore(path, Retention(max_bytes=300_000)) as store:
         for i in range(12):
-            session = Session(f"s{i}", "local", f"s{i}", store=store)
-            for _ in range(20):
-                session.log.append({"type": "delta", "delta": "x" * 2000})
-            session.save()
-            await store.flush()
+            await stored_session(store, "local", f"s{i}", updates=20)
         store.prune()
         await store.flush()
         kept = [r.session_id for r in await store.list_sessions("local", None, 100)]
@@ -195,22 +201,14 @@ async def test_pruning_past_state_max_bytes_keeps_the_newest_sessions_and_the_bo
 async def test_pruning_past_state_max_bytes_takes_from_the_principal_storing_the_most(tmp_path):
     """One token filling the database loses its own oldest sessions, not another token's older,
     smaller ones (one token never disturbs another's sessions)."""
-    from orchestrator.sessions import Session
     from orchestrator.store import Retention
 
     path = tmp_path / "sessions.db"
     async with SqliteStore(path, Retention(max_bytes=300_000)) as store:
         for i in range(2):  # alice's sessions are the oldest in the database
-            session = Session(f"a{i}", "alice", f"a{i}", store=store)
-            session.log.append({"type": "delta", "delta": "x" * 2000})
-            session.save()
-            await store.flush()
+            await stored_session(store, "alice", f"a{i}", updates=1)
         for i in range(12):
-            session = Session(f"m{i}", "mallory", f"m{i}", store=store)
-            for _ in range(20):
-                session.log.append({"type": "delta", "delta": "x" * 2000})
-            session.save()
-            await store.flush()
+            await stored_session(store, "mallory", f"m{i}", updates=20)
         store.prune()
         await store.flush()
         alice = [r.session_id for r in await store.list_sessions("alice", None, 100)]
