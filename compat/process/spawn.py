@@ -1,12 +1,16 @@
 """Starting a local child: ``subprocess.Popen`` in a process group of its own, with pipes of the
 bridge's own, and a spawn mark in its environment (``compat.process.descendants``).
 
-``Popen`` runs in the event loop, as ``asyncio.create_subprocess_exec`` runs it. It uses ``vfork``,
-so a start copies none of the bridge's memory, and the loop waits until the child reaches
-``exec``: milliseconds, more when the CPUs are busy. Starts on worker
-threads were tried and measured worse: on CPython 3.11 the threads and the event loop contend for
-the GIL, and a storm of starts (bench case 4, 100 sessions at once on 2 cores) stalled the loop
-for 250-900 ms at a time (latency probe p99 248 ms with 40 threads, against 67 ms in the loop).
+``Popen`` runs on a thread of its own, one start at a time (``compat.process.threads``).
+It uses ``vfork``, so a start copies none of the bridge's memory, but the caller waits until the
+child reaches ``exec``, which takes milliseconds and more when the CPUs are busy (7 ms at p50 and
+up to 24 ms each while 100 agents start at once on 2 cores). In the event loop, a storm of starts
+held the loop for as long as all of them took: bench case 4 (100 sessions at once) showed
+loop-lag probes of 170 ms at p99 and stalls of 530 ms. On a thread the loop runs meanwhile
+(``_posixsubprocess`` releases the GIL while it waits): probe p99 13 ms, and the first chunk reaches a client 30% sooner
+(p50 715 ms against 1,005). One start at a time, not one per thread of anyio's pool of 40: 40
+concurrent starts contended for the GIL and stalled the loop for 250-900 ms at a time; and not
+on that pool, whose threads may all be busy.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -18,9 +22,12 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
+import anyio
+
 from bridge.rpc.redact import redact
 from compat.process.child import AgentProcess
 from compat.process.descendants import MARK_VARIABLE, become_subreaper, new_mark, register
+from compat.process.threads import start_lock, start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +88,7 @@ async def spawn(
     mark = new_mark()
     child_env = {**env, MARK_VARIABLE: mark}
     try:
-        popen, fds = _popen(argv, stdin_pipe, cwd, child_env)
+        popen, fds = await _start(argv, stdin_pipe, cwd, child_env)
     except OSError as exc:
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc
@@ -89,6 +96,17 @@ async def spawn(
     register(popen.pid)
     logger.debug("spawned pid %d: %s", popen.pid, redact(" ".join(argv)))
     return AgentProcess(popen, fds, mark, max_line_bytes=max_line_bytes, stderr_tail_bytes=stderr_tail_bytes)
+
+
+async def _start(
+    argv: Sequence[str], stdin_pipe: bool, cwd: str | None, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """:func:`_popen` on the start thread, one start at a time. A caller cancelled while it waits
+    for its turn starts nothing; a start, once begun, is finished and handed back."""
+    async with start_lock():
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env, limiter=start_thread())
+    raise AssertionError("unreachable: a shielded scope is never cancelled")  # for the type checker
 
 
 def _popen(

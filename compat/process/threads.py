@@ -4,6 +4,9 @@ every ``to_thread`` call in the bridge, process-table reads included).
 - :func:`exit_waits`: where pidfds are missing, each live child's exit is waited for by a thread
   of its own (as asyncio's ``ThreadedChildWatcher`` does); from the default pool, 40 live
   children would have held every thread and stalled the next start.
+- :func:`start_lock` and :func:`start_thread`: children are started one at a time on a thread of
+  their own, so the event loop runs while a start waits for the child to reach ``exec``
+  (``compat.process.spawn``), and a start never waits for the default pool.
 
 One limiter per event loop (``anyio.lowlevel.RunVar``), as anyio keeps its default one.
 
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 import math
 
-from anyio import CapacityLimiter
+from anyio import CapacityLimiter, Lock
 from anyio.lowlevel import RunVar
 
 _exit: RunVar[CapacityLimiter] = RunVar("xworkmate_exit_waits")
+_starts: RunVar[Lock] = RunVar("xworkmate_starts")
+_start_thread: RunVar[CapacityLimiter] = RunVar("xworkmate_start_thread")
 
 
 def exit_waits() -> CapacityLimiter:
@@ -27,4 +32,24 @@ def exit_waits() -> CapacityLimiter:
     except LookupError:
         limiter = CapacityLimiter(math.inf)
         _exit.set(limiter)
+        return limiter
+
+
+def start_lock() -> Lock:
+    """Held while a child starts: one start at a time, so starts never contend for the GIL."""
+    try:
+        return _starts.get()
+    except LookupError:
+        lock = Lock()
+        _starts.set(lock)
+        return lock
+
+
+def start_thread() -> CapacityLimiter:
+    """The thread a start runs on (held under :func:`start_lock`, so never waited for)."""
+    try:
+        return _start_thread.get()
+    except LookupError:
+        limiter = CapacityLimiter(1)
+        _start_thread.set(limiter)
         return limiter
