@@ -255,7 +255,7 @@ class KnowledgeTurn:
             self.evidence.fail(src, step["diagnostic"]["message"], step["diagnostic"]["remediation"])
             return
         caps = result.caps or Capabilities()
-        fresh = self.evidence.add(src, result.payload, caps.bundle)
+        fresh = self.evidence.add(src, result.payload, caps.bundle_view)
         self.texts.update({c["id"]: result.texts[c["pageId"]] for c in fresh if c["pageId"] in result.texts})
         refs = [
             {"id": c["id"], "title": c["title"], **({"path": p} if (p := safe_path(c.get("path"))) else {})}

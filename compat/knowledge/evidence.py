@@ -96,16 +96,21 @@ def citations_from(source_id: str, payload: dict[str, Any]) -> list[dict[str, An
 def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Prefixed ``(nodes, edges)`` of one answer's graph (edges only between kept nodes)."""
     graph = as_dict(payload.get("graph")) or payload
-    raw_nodes = [n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and n.get("id")]
-    nodes, kept = [], set()
-    for node in raw_nodes[:GRAPH_NODES_PER_SOURCE]:
+    prefix = source_id + ":"
+    nodes: list[dict[str, Any]] = []
+    kept: set[str] = set()
+    for node in as_list(graph.get("nodes")):
+        if len(nodes) == GRAPH_NODES_PER_SOURCE:
+            break
+        if not isinstance(node, dict) or not node.get("id"):
+            continue
         node_id = str(node["id"])
         kept.add(node_id)
         meta = node.get("metadata")
         metadata = {**meta, "sourceId": source_id} if isinstance(meta, dict) else {"sourceId": source_id}
         metadata.pop("source_root", None)
         out = {
-            "id": f"{source_id}:{node_id}",
+            "id": prefix + node_id,
             "label": str(node.get("label") or node.get("title") or node_id),
             "kind": str(node.get("kind") or node.get("role") or "node"),
             "metadata": metadata,
@@ -122,8 +127,8 @@ def graph_from(source_id: str, payload: dict[str, Any]) -> tuple[list[dict[str, 
             meta = edge.get("metadata")  # one copy of it: a turn's graph has hundreds of edges
             edges.append(
                 {
-                    "source": f"{source_id}:{source}",
-                    "target": f"{source_id}:{target}",
+                    "source": prefix + source,
+                    "target": prefix + target,
                     "relation": str(edge.get("relation") or "related"),
                     "metadata": {**meta, "sourceId": source_id} if isinstance(meta, dict) else {"sourceId": source_id},
                 }
@@ -180,8 +185,9 @@ class Evidence(msgspec.Struct):
     sources: list[dict[str, Any]] = msgspec.field(default_factory=list)  # prompt summaries of answering sources
     failures: list[dict[str, Any]] = msgspec.field(default_factory=list)  # prompt notes of failed sources
 
-    def add(self, source: Any, payload: dict[str, Any], bundle: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Merge one answering source (``source``: its descriptor); returns its new citations."""
+    def add(self, source: Any, payload: dict[str, Any], bundle_view: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Merge one answering source (``source``: its descriptor; ``bundle_view``: its bundle's
+        :func:`bundle_from` view, kept as is); returns its new citations."""
         known = {c["id"] for c in self.citations}
         fresh = []
         for citation in citations_from(source.id, payload):
@@ -194,8 +200,8 @@ class Evidence(msgspec.Struct):
         node_ids = {n["id"] for n in self.nodes}
         self.nodes += [n for n in nodes if n["id"] not in node_ids]
         self.edges += edges
-        if bundle is not None:
-            self.bundles.append(bundle_from(source.id, bundle))
+        if bundle_view is not None:
+            self.bundles.append(bundle_view)
         self.sources.append(_summary(source, payload, list(range(first, first + len(fresh))), nodes, edges))
         return fresh
 

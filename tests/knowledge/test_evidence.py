@@ -68,3 +68,17 @@ def test_anchors_are_checked_and_appended_only_when_missing() -> None:
         "[4](#citation-4) [5](#citation-5) +2 more"
     )
     assert fallback_anchors("none", 0) == ""
+
+
+def test_capabilities_carry_the_bundles_allowlisted_view_made_once_at_discovery() -> None:
+    """A turn's ``sourceBundles`` entry is the view discovery made (``Capabilities.bundle_view``),
+    not one sifted again from the raw bundle for every turn."""
+    from compat.knowledge.sources.base import capabilities_from
+
+    bundle = {"source_id": "w", "token": "secret", "source_refs": [{"id": f"r{i}"} for i in range(2000)]}
+    descriptor = SourceDescriptor(id="w", protocol="local-wiki", root="/w")
+    caps = capabilities_from(["llmwiki_retrieval_v1"], descriptor, bundle)
+    assert caps.bundle_view == bundle_from("w", bundle) and caps.bundle_view["sourceRefCount"] == 2000
+    evidence = Evidence()
+    evidence.add(descriptor, {"evidence": []}, caps.bundle_view)
+    assert evidence.bundles == [caps.bundle_view] and "token" not in evidence.bundles[0]

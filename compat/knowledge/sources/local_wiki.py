@@ -25,7 +25,7 @@ from compat.knowledge.errors import SourceError
 from compat.knowledge.settings import SourceDescriptor
 from compat.knowledge.sources._wiki_graph import WikiGraph, build_graph, neighborhood, subgraph
 from compat.knowledge.sources._wiki_index import Page, WikiIndex, fts_query, plain
-from compat.knowledge.sources.base import Capabilities, RoutedRetrieval
+from compat.knowledge.sources.base import Capabilities, RoutedRetrieval, capabilities_from
 
 T = TypeVar("T")
 CONTEXT_GRAPH_LIMIT = 120
@@ -126,7 +126,7 @@ class LocalWikiSource:
     # ---- discovery and metadata -----------------------------------------------------------------
 
     async def discover(self) -> Capabilities:
-        return Capabilities(CAPABILITIES, "fresh", await self.source_bundle())
+        return capabilities_from(sorted(CAPABILITIES), self.descriptor, await self.source_bundle())
 
     def _title(self, view: _View) -> tuple[str, str]:
         index = view.by_key.get("index")
