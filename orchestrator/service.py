@@ -612,11 +612,15 @@ class Orchestrator:
         assert store is not None
         claimed = False
         try:
-            await store.flush()  # what this process wrote (an unloaded session's last turn) is readable
-            record = await store.load_session(principal, session_id)
-            if record is None and not loading.create:
-                return
-            claim = await store.claim(principal, session_id)
+            if loading.create:  # claimed either way: claim first, which also commits what this process wrote
+                claim = await store.claim(principal, session_id)
+                record = await store.load_session(principal, session_id)
+            else:
+                await store.flush()  # what this process wrote (an unloaded session's last turn) is readable
+                record = await store.load_session(principal, session_id)
+                if record is None:
+                    return
+                claim = await store.claim(principal, session_id)
             if claim.owner_pid is not None:
                 record = record or SessionRecord(principal=principal, session_id=session_id, thread_id=session_id)
                 loading.foreign = Foreign(record, claim.owner_pid, claim.owner_started)

@@ -345,7 +345,8 @@ class SqliteStore:
         start time, so a reused pid is never taken for the owner. An owner that is gone is
         replaced, and the turns it left running are recorded ``BRIDGE_RESTARTED`` first. Returns
         once the claim is committed (the writer's transactions are ``BEGIN IMMEDIATE``, so two
-        processes claiming at once are serialised)."""
+        processes claiming at once are serialised), and with it every write queued before, as
+        :meth:`flush` would."""
         outcome: list[Claim] = []
 
         def op(c: sqlite3.Connection) -> None:
@@ -362,6 +363,7 @@ class SqliteStore:
             outcome.append(Claim(took_over=row is not None and not mine))
 
         await self.opened()
+        self._hand_over()  # the gathered updates go first: they are committed when the claim is
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._submit(op, done)
         await asyncio.wrap_future(done)

@@ -91,7 +91,8 @@ class Steps:
 
 
 def _ms(start: float) -> int:
-    return int((time.monotonic() - start) * 1000)
+    """Milliseconds since ``start``, to the nearest (a step's ``latencyMs``)."""
+    return round((time.monotonic() - start) * 1000)
 
 
 async def _ask(
