@@ -640,8 +640,10 @@ class Orchestrator:
         except Exception:
             log.exception("loading session %s from the store failed", session_id[:80])
         finally:
-            if claimed and self.sessions.get(session_id, principal) is None and not loading.create:
-                store.release(principal, session_id)  # claimed but not loaded: nobody here owns it
+            # claimed but not loaded (a turn on an unknown id opens it itself, unless refused here)
+            refused = not loading.create or loading.error is not None
+            if claimed and refused and self.sessions.get(session_id, principal) is None:
+                store.release(principal, session_id)  # nobody here owns it
             self._loading.pop((principal, session_id), None)
             loading.done.set()
 

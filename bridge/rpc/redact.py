@@ -80,7 +80,9 @@ def redact(text: str) -> str:
     pattern = _secret_re
     if pattern is not None:
         text = pattern.sub(_MASK, text)
-    folded = text.casefold()  # caseless, as the (?i) patterns match: "ſ" folds to "s"
+    # caseless as the (?i) patterns match: "ſ" folds to "s"; re also takes "ı" and "İ" for
+    # "i", which casefold keeps as "ı" and turns into "i" + U+0307
+    folded = text.casefold().replace("\u0131", "i").replace("i\u0307", "i")
     for regex, repl, needles in _PATTERNS:
         if any(needle in folded for needle in needles):
             text = regex.sub(repl, text)

@@ -166,10 +166,15 @@ class AcpAdapter:
         if launch_model and self.config.model_flag:
             argv += [self.config.model_flag, launch_model]
         with tracing.span("agent.start", {"xworkmate.provider": self.info.provider_id}):
+            # a cancel while the start waits its turn starts nothing; a begun start is handed back
             conn = await self._spawn(
                 argv, cwd, launch_model, on_update, on_permission, client_capabilities, on_client_request
             )
-            await self._host.start(conn.run)
+            with anyio.CancelScope(shield=True):  # from here the process is hosted, or ended
+                if self._host is None:  # the adapter stopped while the agent started
+                    await conn.close(KILL_GRACE)
+                    raise RuntimeError("the ACP adapter stopped while the agent started")
+                await self._host.start(conn.run)
         return conn
 
     def watch_idle(self, session: AcpSession, wake: anyio.Event) -> None:
@@ -215,10 +220,10 @@ class AcpAdapter:
     async def _probe(self, tg: anyio.abc.TaskGroup) -> ProbeResult:
         conn: AcpConnection | None = None
         try:
-            with anyio.CancelScope(shield=True):  # a cancelled probe must not lose the process
-                conn = await self._spawn(self._argv(), self.config.cwd or os.getcwd(), None)
-                self._probes.add(conn)
-            assert conn is not None  # a shielded scope is never cancelled: the spawn ran
+            # a cancel while the start waits its turn starts nothing; a begun start is handed
+            # back (compat.process.spawn), and nothing awaits before the finally can close it
+            conn = await self._spawn(self._argv(), self.config.cwd or os.getcwd(), None)
+            self._probes.add(conn)
             await tg.start(conn.run)
             info = await conn.initialize()
         # A probe's reason reaches every client in acp.capabilities: a short classified reason

@@ -274,19 +274,19 @@ class AcpSession:
         await self._host.capacity.acquire(self, self._turn.sink)  # maxLiveAgents, bridge-wide
         try:
             client = self._request.client if self._request is not None else None
-            with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
-                conn = self._conn = await self._host.start_connection(
-                    cwd,
-                    launch_model,
-                    self._on_update,
-                    self._on_permission,
-                    client.capabilities if client is not None else None,
-                    self._on_client_request,
-                )
+            # a cancel while the start waits its turn starts nothing; once the agent is started,
+            # start_connection hosts it (or ends it) before it returns
+            conn = self._conn = await self._host.start_connection(
+                cwd,
+                launch_model,
+                self._on_update,
+                self._on_permission,
+                client.capabilities if client is not None else None,
+                self._on_client_request,
+            )
         except BaseException:
             self._host.capacity.release(self)
             raise
-        assert conn is not None  # a shielded scope is never cancelled: the spawn ran
         await conn.initialize()
         return conn
 

@@ -117,23 +117,22 @@ class ProfileRun:
         """Start the process, read it to its end, end its group; never raises for its failures
         (a cut-off turn's cancellation propagates, after the group is ended)."""
         self._launch = launch
-        try:
-            with anyio.CancelScope(shield=True):  # a cancelled spawn must not lose the process
-                self.process = await spawn(
-                    launch.argv,
-                    cwd=launch.cwd,
-                    env=launch.env,
-                    max_line_bytes=self._limits.max_agent_line_bytes,
-                    stderr_tail_bytes=self._limits.stderr_tail_bytes,
-                    stdin_pipe=launch.stdin is not None,
-                )
+        try:  # a cancel while the start waits its turn starts nothing; a begun start is handed back
+            self.process = await spawn(
+                launch.argv,
+                cwd=launch.cwd,
+                env=launch.env,
+                max_line_bytes=self._limits.max_agent_line_bytes,
+                stderr_tail_bytes=self._limits.stderr_tail_bytes,
+                stdin_pipe=launch.stdin is not None,
+            )
         except SpawnError as exc:
             data = {"command": exc.command, "reason": exc.reason}
             error = TurnError("PROFILE_ERROR", redact(str(exc)), data)
             return self.failed(error, send_error_reply=launch.send_error_reply)
         proc = self.process
-        assert proc is not None  # a shielded scope is never cancelled: the spawn ran
-        try:
+        assert proc is not None
+        try:  # entered before the next checkpoint: a cancel from here on still ends the group
             with anyio.move_on_after(launch.timeout):
                 await self._read(proc, launch)
             if self._end is None:

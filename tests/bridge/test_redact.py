@@ -23,6 +23,9 @@ SAMPLES = [
     "PASSWORD=hunter22; passwd:letmein",
     "ſecret=abcdefgh",  # long s: casefolds to "secret", and (?i) matches it
     "api_\u212aey=abcdefgh",  # Kelvin sign: casefolds to "k"
+    "Bas\u0131c dXNlcjpwYXNzd29yZA==",  # dotless i: re's (?i) takes it for "i", casefold keeps it
+    "Authorization: BAS\u0130C dXNlcjpwYXNzd29yZA==",  # dotted capital I: casefolds to "i" + U+0307
+    "AP\u0130_KEY=abcdefgh",
     "Bearer\u00a0abcdefgh",
     "Read 16 citation(s) from Wiki 0. Evidence: topics/refund-policy.md (Refund approval policy).",
     "",
@@ -42,5 +45,5 @@ def test_the_needle_check_changes_nothing_the_patterns_would_redact(text: str) -
 
 
 def test_each_secret_shape_is_redacted() -> None:
-    for text in SAMPLES[:13]:
+    for text in SAMPLES[:16]:
         assert "[REDACTED]" in redact(text), text

@@ -12,6 +12,7 @@ import anyio
 import anyio.lowlevel
 import msgspec
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -268,3 +269,30 @@ async def test_listing_without_a_store_pages_too(tmp_path):
         rest = await orch.list_sessions("local", first.next_cursor, 2)
     assert len(first.sessions) == 2 and first.next_cursor and len(rest.sessions) == 1 and rest.next_cursor is None
     assert {s.session_id for s in first.sessions + rest.sessions} == {"s0", "s1", "s2"}
+
+
+async def test_a_start_refused_at_the_cap_leaves_no_session_claimed(tmp_path: Path) -> None:
+    """A ``session.start`` refused with -32006 (``maxSessionsPerToken``, every session busy)
+    claims nothing it keeps: neither an unknown id nor one only the store holds, so another
+    process sharing the state directory may take it."""
+    import sqlite3
+
+    from bridge.rpc.errors import LimitReached
+
+    async def owners(orch: Orchestrator) -> list[str]:
+        assert orch.store is not None
+        await orch.store.flush()
+        with sqlite3.connect(orch.store.path) as conn:
+            return sorted(row[0] for row in conn.execute("SELECT session_id FROM owners"))
+
+    async with in_background(orchestrator(tmp_path, max_sessions_per_token=1)) as orch:
+        await orch.run_turn(params("echo one", "s1"), "local", lambda *_: None, start=True)
+        assert orch.sessions.evict_idle(older_than=0) == 1  # s1 now lives only in the store
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(orch.run_turn, params("hang", "s2"), "local", lambda *_: None, start=True))
+            await anyio.wait_all_tasks_blocked()  # s2 is busy: the cap is reached
+            for session_id in ("s3", "s1"):  # an unknown id, then one only the store holds
+                with pytest.raises(LimitReached):
+                    await orch.run_turn(params("echo two", session_id), "local", lambda *_: None, start=True)
+            assert await owners(orch) == ["s2"]
+            orch.cancel("s2", "local")
