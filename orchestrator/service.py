@@ -612,24 +612,23 @@ class Orchestrator:
         assert store is not None
         claimed = False
         try:
-            if loading.create:  # claimed either way: claim first, which also commits what this process wrote
-                claim = await store.claim(principal, session_id)
-                record = await store.load_session(principal, session_id)
-            else:
+            record = None
+            if not loading.create:  # claims no session the store does not have
                 await store.flush()  # what this process wrote (an unloaded session's last turn) is readable
-                record = await store.load_session(principal, session_id)
-                if record is None:
+                if (record := await store.load_session(principal, session_id)) is None:
                     return
-                claim = await store.claim(principal, session_id)
+            # the claim commits what this process queued before it, and records the running
+            # turns of an owner that is gone: read after it, the record has both
+            claim = await store.claim(principal, session_id)
+            if record is None or claim.took_over:
+                record = await store.load_session(principal, session_id)
             if claim.owner_pid is not None:
                 record = record or SessionRecord(principal=principal, session_id=session_id, thread_id=session_id)
                 loading.foreign = Foreign(record, claim.owner_pid, claim.owner_started)
                 return
             claimed = True
-            if claim.took_over:  # its owner is gone: end the agents it left, read what recovery wrote
+            if claim.took_over:  # its owner is gone: end the agents it left
                 await store.end_left_behind(look_again=True)
-                if record is not None:
-                    record = await store.load_session(principal, session_id)
             if record is not None and self.sessions.get(session_id, principal) is None:
                 followers = await self._stop_following(Foreign(record))
                 session = self.sessions.open(session_id, principal, record.thread_id, record=record)

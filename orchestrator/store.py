@@ -259,13 +259,7 @@ class SqliteStore:
             await self.opened()
             rows = await self._read(lambda c: c.execute("SELECT * FROM processes").fetchall())
             me = self._me
-            self.left_behind = await anyio.to_thread.run_sync(
-                lambda: [
-                    (pid, started)
-                    for pid, started, owner, owner_started in rows
-                    if (owner, owner_started) != me and not process_alive(owner, owner_started)
-                ]
-            )
+            self.left_behind = await anyio.to_thread.run_sync(_left_behind, rows, me)
         return await _end_left_behind(self)
 
     async def opened(self) -> None:
@@ -328,11 +322,7 @@ class SqliteStore:
         )
         for principal, session_id in orphaned.fetchall():
             _fail_running(conn, principal, session_id)
-        self.left_behind = [
-            (pid, started)
-            for pid, started, owner, owner_started in conn.execute("SELECT * FROM processes").fetchall()
-            if not process_alive(owner, owner_started)
-        ]
+        self.left_behind = _left_behind(conn.execute("SELECT * FROM processes").fetchall(), self._me)
 
     # ---- writes (queued) --------------------------------------------------------------------------
 
@@ -863,6 +853,16 @@ def _start_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+
+
+def _left_behind(rows: Sequence[Sequence[Any]], me: tuple[int, float]) -> list[tuple[int, float]]:
+    """Of the recorded ``(pid, started, owner, owner_started)`` processes, those whose owner is
+    another process that is gone."""
+    return [
+        (pid, started)
+        for pid, started, owner, owner_started in rows
+        if (owner, owner_started) != me and not process_alive(owner, owner_started)
+    ]
 
 
 def process_alive(pid: int, started: float) -> bool:

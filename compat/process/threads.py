@@ -16,40 +16,38 @@ Must not import: ``bridge`` or ``orchestrator``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 from anyio import CapacityLimiter, Lock
 from anyio.lowlevel import RunVar
 
+T = TypeVar("T")
 _exit: RunVar[CapacityLimiter] = RunVar("xworkmate_exit_waits")
 _starts: RunVar[Lock] = RunVar("xworkmate_starts")
 _start_thread: RunVar[CapacityLimiter] = RunVar("xworkmate_start_thread")
 
 
+def _per_loop(var: RunVar[T], make: Callable[[], T]) -> T:
+    """The event loop's value of ``var``, made on first use."""
+    try:
+        return var.get()
+    except LookupError:
+        value = make()
+        var.set(value)
+        return value
+
+
 def exit_waits() -> CapacityLimiter:
     """Threads that wait for a child's exit where pidfds are missing: one per live child."""
-    try:
-        return _exit.get()
-    except LookupError:
-        limiter = CapacityLimiter(math.inf)
-        _exit.set(limiter)
-        return limiter
+    return _per_loop(_exit, lambda: CapacityLimiter(math.inf))
 
 
 def start_lock() -> Lock:
     """Held while a child starts: one start at a time, so starts never contend for the GIL."""
-    try:
-        return _starts.get()
-    except LookupError:
-        lock = Lock()
-        _starts.set(lock)
-        return lock
+    return _per_loop(_starts, Lock)
 
 
 def start_thread() -> CapacityLimiter:
     """The thread a start runs on (held under :func:`start_lock`, so never waited for)."""
-    try:
-        return _start_thread.get()
-    except LookupError:
-        limiter = CapacityLimiter(1)
-        _start_thread.set(limiter)
-        return limiter
+    return _per_loop(_start_thread, lambda: CapacityLimiter(1))

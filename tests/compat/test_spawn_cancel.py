@@ -36,13 +36,17 @@ def _held_popen(monkeypatch: pytest.MonkeyPatch, pids: list[int]) -> tuple[threa
     return release, entered
 
 
+def _adapter(tmp_path: Path, limits: Limits) -> AcpAdapter:
+    factory = AgentFactory(tmp_path, None)  # type: ignore[arg-type]
+    return AcpAdapter("fake", factory.config(), limits, Timeouts(**TEST_TIMEOUTS))
+
+
 async def test_turns_cancelled_while_their_starts_wait_start_no_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pids: list[int] = []
     release, entered = _held_popen(monkeypatch, pids)
-    factory = AgentFactory(tmp_path, None)  # type: ignore[arg-type]
-    adapter = AcpAdapter("fake", factory.config(), Limits(max_live_agents=100), Timeouts(**TEST_TIMEOUTS))
+    adapter = _adapter(tmp_path, Limits(max_live_agents=100))
     with anyio.fail_after(20):
         async with anyio.create_task_group() as host:
             await host.start(adapter.run)
@@ -63,8 +67,7 @@ async def test_an_agent_started_after_the_adapter_stopped_is_ended(
 ) -> None:
     pids: list[int] = []
     release, entered = _held_popen(monkeypatch, pids)
-    factory = AgentFactory(tmp_path, None)  # type: ignore[arg-type]
-    adapter = AcpAdapter("fake", factory.config(), Limits(), Timeouts(**TEST_TIMEOUTS))
+    adapter = _adapter(tmp_path, Limits())
     errors: list[BaseException] = []
 
     async def turn() -> None:
