@@ -32,15 +32,24 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-@contextlib.contextmanager
-def span(name: str, attributes: Mapping[str, Any] | None = None, *, server: bool = False) -> Iterator[Any]:
+def span(
+    name: str, attributes: Mapping[str, Any] | None = None, *, server: bool = False
+) -> contextlib.AbstractContextManager[Any]:
     """A span named ``name`` around the block (the current one's child); yields it, or None when
-    tracing is off."""
+    tracing is off (a shared ``nullcontext``: every request enters one)."""
     if _tracer is None:
-        yield None
-        return
+        return _NO_SPAN
+    return _span(name, attributes, server)
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _span(name: str, attributes: Mapping[str, Any] | None, server: bool) -> Iterator[Any]:
     from opentelemetry.trace import SpanKind
 
+    assert _tracer is not None
     kind = SpanKind.SERVER if server else SpanKind.INTERNAL
     with _tracer.start_as_current_span(name, kind=kind, attributes=dict(attributes or {})) as current:
         yield current

@@ -143,7 +143,7 @@ class Orchestrator:
         self._unobserve: Callable[[], None] = lambda: None
         self._tg: TaskGroup | None = None
         self._closing = False  # set once __aexit__ began: no new turn runs
-        self._capabilities: tuple[Any, CapabilitiesResult] | None = None
+        self._capabilities: tuple[Any, CapabilitiesResult, dict[str, CapabilitiesResult]] | None = None
 
     @property
     def roots(self) -> list[Path]:
@@ -234,14 +234,20 @@ class Orchestrator:
     def capabilities(self, principal: str | None = None) -> CapabilitiesResult:
         """``acp.capabilities``; rebuilt only when a provider's status changed (the hottest call of
         a polling client, and building it walks every provider). With ``principal``, ``access``
-        says what that principal may use (``principals.<name>``)."""
+        says what that principal may use (``principals.<name>``); each principal's view is kept
+        beside the base until then too (principals are the configured tokens' names, so the table
+        is bounded; the ``principals`` settings do not change while the bridge runs). Building it
+        on every call was 4 µs of the 47 µs an HTTP request costs in bench case 2."""
         key = self.registry.snapshot_key()
         if self._capabilities is None or self._capabilities[0] != key:
-            self._capabilities = (key, self._build_capabilities())
-        base = self._capabilities[1]
+            self._capabilities = (key, self._build_capabilities(), {})
+        _, base, views = self._capabilities
         if principal is None:
             return base
-        return msgspec.structs.replace(base, access=self._access(principal, base))
+        view = views.get(principal)
+        if view is None:
+            view = views[principal] = msgspec.structs.replace(base, access=self._access(principal, base))
+        return view
 
     def _access(self, principal: str, base: CapabilitiesResult) -> PrincipalAccess:
         turns = self.gate.turns(principal)
