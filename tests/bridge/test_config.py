@@ -362,3 +362,25 @@ def test_a_serve_logs_the_warnings_of_its_configuration(tmp_path):
         "WARNING" in done.stderr
         and "allowedOrigins.0: environment variable ${XWM_EMPTY} is set but empty" in done.stderr
     )
+
+
+def test_a_json_file_reads_as_its_yaml_twin_without_importing_pyyaml(tmp_path):
+    """JSON is YAML: a JSON object is read with orjson, and PyYAML stays unloaded (bench case 6)."""
+    import subprocess
+    import sys
+
+    body = '{"port": 9001, "authTokens": ["t0ken-aaaaaaaaaaaaaaaa"], "limits": {"maxRunningTurns": 3}}'
+    json_file = tmp_path / "cfg.json"
+    json_file.write_text("\n  " + body)
+    twin = write(tmp_path, "port: 9001\nauthTokens: [t0ken-aaaaaaaaaaaaaaaa]\nlimits: {maxRunningTurns: 3}\n")
+    read, yaml_read = load_config(str(json_file)), load_config(twin)
+    assert (read.port, read.auth_tokens, read.limits) == (yaml_read.port, yaml_read.auth_tokens, yaml_read.limits)
+    probe = f"import sys; from bridge.config import load_config; load_config({str(json_file)!r}); print('yaml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_flow_mapping_that_is_not_json_is_still_yaml_and_json_problems_have_lines(tmp_path):
+    assert load_config(write(tmp_path, "{port: 9002, host: 127.0.0.1}")).port == 9002
+    with pytest.raises(ConfigError, match=r":3: port"):
+        load_config(write(tmp_path, '{\n "host": "127.0.0.1",\n "port": "high"\n}'))

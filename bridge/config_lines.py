@@ -1,0 +1,81 @@
+"""Where each configuration problem is in the YAML file: its line, and the "quote it" hint where
+YAML typed a plain value the key wanted as text (``bridge.config`` imports this only for a file
+with problems, so a good JSON file is read without PyYAML)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from compat.settings import snake_case
+
+_WRONG = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>bool|int|float|date|datetime)`")
+_YAML_KINDS = {
+    "tag:yaml.org,2002:bool": "a boolean",
+    "tag:yaml.org,2002:int": "a number",
+    "tag:yaml.org,2002:float": "a number",
+    "tag:yaml.org,2002:timestamp": "a date",
+}
+
+
+def locate_lines(problems: list[str], file: Path) -> list[str]:
+    """Each ``<key path>: <message>`` as ``:<line>: <key path>: <message>`` where the key is found
+    in ``file`` (read again: only a file with problems is), with the "quote it" hint where YAML
+    typed a plain value the key wanted as text; in the file's order."""
+    try:
+        root = yaml.compose(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        root = None
+    out: list[tuple[int, str]] = []
+    for line in problems:
+        loc, _, msg = line.partition(": ")
+        key, value = _node_at(root, loc.split(".")) if root is not None and loc else (None, None)
+        node = value if value is not None else key
+        hint = ""
+        if isinstance(value, yaml.ScalarNode) and value.style is None and _WRONG.search(msg):
+            kind = _YAML_KINDS.get(value.tag)
+            if kind:
+                hint = f' (YAML reads {value.value} as {kind}; quote it: "{value.value}")'
+        elif msg.startswith("key ") and isinstance(value, yaml.MappingNode):  # a key that is not a string
+            typed = next((k for k, _ in value.value if k.tag in _YAML_KINDS and k.style is None), None)
+            if isinstance(typed, yaml.ScalarNode):
+                node = typed
+                hint = f' (YAML reads {typed.value} as {_YAML_KINDS[typed.tag]}; quote it: "{typed.value}")'
+        number = node.start_mark.line + 1 if node is not None else 0
+        out.append((number, f":{number}: {line}{hint}" if number else f": {line}{hint}"))
+    return [line for _, line in sorted(out, key=lambda item: item[0])]  # in the file's order
+
+
+def _node_at(root: yaml.Node, keys: list[str]) -> tuple[yaml.Node | None, yaml.Node | None]:
+    """The key node and the value node at ``keys`` (camelCase or snake_case, list indices as
+    digits); ``(None, None)`` where the path leaves the document."""
+    key_node: yaml.Node | None = None
+    node: yaml.Node | None = root
+    for key in keys:
+        if isinstance(node, yaml.MappingNode):
+            match = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value in (key, snake_case(key))),
+                None,
+            )
+            if match is None:  # a key YAML read as another type (no: → False) is named by its value
+                match = next(((k, v) for k, v in node.value if str(_scalar(k)) == key), None)
+            if match is None:
+                return key_node, None if key_node is None else node
+            key_node, node = match
+        elif isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            node = node.value[int(key)]
+        else:
+            return key_node, node
+    return key_node, node
+
+
+def _scalar(node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    try:
+        return yaml.safe_load(node.value) if node.style is None else node.value
+    except yaml.YAMLError:
+        return node.value
