@@ -262,10 +262,10 @@ class AcpAgent:
         Raises -32004 (``NOT_FOUND``) for a session this principal does not have."""
         request = _read(params, _SessionRef)
         session = await self._reopen(request)
-        for role, text in await self._orch.history(request.session_id, self._principal):
+        for role, text in await self._orch.stored.history(request.session_id, self._principal):
             kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
             self._send_update(request.session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
-        running = self._orch.running_turn(request.session_id, self._principal)
+        running = self._orch.stored.running_turn(request.session_id, self._principal)
         if running is not None:  # a turn that outlived its connection: what it did so far, then live
             prompt, first_seq = running
             user = {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": prompt}}
@@ -278,19 +278,19 @@ class AcpAgent:
         updates stream here)."""
         request = _read(params, _SessionRef)
         session = await self._reopen(request)
-        if self._orch.running_turn(request.session_id, self._principal) is not None:
-            snapshot = await self._orch.get(request.session_id, self._principal)
+        if self._orch.stored.running_turn(request.session_id, self._principal) is not None:
+            snapshot = await self._orch.stored.get(request.session_id, self._principal)
             await self._subscribe(request.session_id, session, snapshot.last_seq)
         return AfterReply({"configOptions": self._config_options(session)}, self._after_open(request.session_id))
 
     async def _subscribe(self, session_id: str, session: EditorSession, after_seq: int) -> None:
-        await self._orch.subscribe(session_id, self._principal, session.listener, after_seq, until_idle=False)
+        await self._orch.stored.subscribe(session_id, self._principal, session.listener, after_seq, until_idle=False)
 
     def _after_open(self, session_id: str) -> Callable[[], None]:
         return lambda: self._send_update(session_id, self._commands())
 
     async def _reopen(self, request: _SessionRef) -> EditorSession:
-        snapshot = await self._orch.get(request.session_id, self._principal)
+        snapshot = await self._orch.stored.get(request.session_id, self._principal)
         cwd = self._cwd(request.cwd or snapshot.working_directory, request.session_id)
         session = self._open(request.session_id, cwd, request.mcp_servers, started=True)
         if snapshot.provider_id and snapshot.provider_id in self._providers():
@@ -328,7 +328,7 @@ class AcpAgent:
         sessions: list[dict[str, Any]] = []
         cursor = request.cursor
         for _ in range(LIST_SCAN):
-            page = await self._orch.list_sessions(self._principal, cursor, LIST_PAGE)
+            page = await self._orch.stored.list_sessions(self._principal, cursor, LIST_PAGE)
             cursor = page.next_cursor
             for entry in page.sessions:
                 where = entry.working_directory

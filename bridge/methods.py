@@ -152,23 +152,25 @@ async def session_subscribe(orch: Orchestrator, params: Any, ctx: CallContext) -
         session_id, _, seq = ctx.last_event_id.rpartition(":")
         if session_id == params.session_id and seq.isascii() and seq.isdigit() and len(seq) <= 18:
             after = int(seq)
-    return await orch.subscribe(params.session_id, ctx.principal, _listener(ctx), after, until_idle=ctx.until_idle)
+    return await orch.stored.subscribe(
+        params.session_id, ctx.principal, _listener(ctx), after, until_idle=ctx.until_idle
+    )
 
 
 def session_unsubscribe(orch: Orchestrator, params: Any, ctx: CallContext) -> UnsubscribeResult:
-    return orch.unsubscribe(params.session_id, ctx.principal, ctx.connection_id)
+    return orch.stored.unsubscribe(params.session_id, ctx.principal, ctx.connection_id)
 
 
 async def session_get(orch: Orchestrator, params: Any, ctx: CallContext) -> SessionSnapshot:
-    return await orch.get(params.session_id, ctx.principal)
+    return await orch.stored.get(params.session_id, ctx.principal)
 
 
 async def session_result(orch: Orchestrator, params: Any, ctx: CallContext) -> dict[str, Any]:
-    return await orch.turn_result(params.session_id, ctx.principal, params.turn_id)
+    return await orch.stored.turn_result(params.session_id, ctx.principal, params.turn_id)
 
 
 async def session_list(orch: Orchestrator, params: Any, ctx: CallContext) -> SessionListResult:
-    return await orch.list_sessions(ctx.principal, params.cursor, params.limit)
+    return await orch.stored.list_sessions(ctx.principal, params.cursor, params.limit)
 
 
 def session_cancel(orch: Orchestrator, params: Any, ctx: CallContext) -> CancelResult:

@@ -63,11 +63,11 @@ async def test_fifty_concurrent_turns_while_another_stream_lists_and_subscribes(
 
         async def reader() -> None:
             for _ in range(20):
-                page = await orch.list_sessions("local", None, 200)
+                page = await orch.stored.list_sessions("local", None, 200)
                 listed.append(len(page.sessions))
                 for session, stream in watchers.items():
                     if orch.sessions.get(session, "local") is not None and not stream.got:
-                        await orch.subscribe(session, "local", stream.listener, 0, until_idle=False)
+                        await orch.stored.subscribe(session, "local", stream.listener, 0, until_idle=False)
                 await anyio.lowlevel.checkpoint()
 
         async with anyio.create_task_group() as tg:
@@ -86,7 +86,7 @@ async def test_fifty_concurrent_turns_while_another_stream_lists_and_subscribes(
             if stream.got:  # it subscribed from 0 while the turns ran: the whole log, once each
                 seqs = [u["seq"] for u in stream.got]
                 assert seqs == list(range(1, orch.sessions.get(session, "local").log.last_seq + 1))
-        assert len((await orch.list_sessions("local", None, 200)).sessions) == 50
+        assert len((await orch.stored.list_sessions("local", None, 200)).sessions) == 50
     assert listed
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no lock errors, no dropped write
 
@@ -145,7 +145,7 @@ def test_any_interleaving_gives_each_subscriber_exactly_the_updates_after_its_cu
                 elif step[0] == "subscribe" and step[1] not in streams:
                     stream = Stream(f"k{step[1]}-{len(ended)}")
                     after = min(step[2], session.log.last_seq)
-                    await orch.subscribe("s1", "local", stream.listener, after, until_idle=False)
+                    await orch.stored.subscribe("s1", "local", stream.listener, after, until_idle=False)
                     streams[step[1]] = (stream, after)
                 elif step[0] == "close" and step[1] in streams:
                     stream, after = streams.pop(step[1])
@@ -165,7 +165,7 @@ async def test_a_session_unloaded_for_being_idle_is_loaded_again_with_its_log(tm
         last = orch.sessions.get("s1", "local").log.last_seq
         assert orch.sessions.evict_idle(older_than=0) == 1 and orch.sessions.get("s1", "local") is None
         stream = Stream("late")
-        answer = await orch.subscribe("s1", "local", stream.listener, 0, until_idle=False)
+        answer = await orch.stored.subscribe("s1", "local", stream.listener, 0, until_idle=False)
         assert answer.last_seq == last and [u["seq"] for u in stream.got] == list(range(1, last + 1))
         assert answer.state.turns[0].turn_id == first.turn_id
         assert orjson.loads(orjson.dumps(stream.got[-1]))["type"] == "done"
@@ -231,7 +231,7 @@ async def test_a_resume_from_before_a_crash_sees_no_gap_in_the_skipped_numbers(t
     orch = Orchestrator(registry, [tmp_path.resolve()], Limits(), Timeouts(), store=SqliteStore(path))
     async with in_background(orch):
         stream = Stream("late")
-        answer = await orch.subscribe("s1", "local", stream.listener, 3, until_idle=False)
+        answer = await orch.stored.subscribe("s1", "local", stream.listener, 3, until_idle=False)
         assert answer.last_seq == 5 and answer.gap is msgspec.UNSET  # nothing was given in the jump
         assert [u["seq"] for u in stream.got] == [4, 5]
         await orch.run_turn(params("echo again", "s1"), "local", stream.listener, start=False)
@@ -249,10 +249,10 @@ async def test_past_the_principals_cap_a_read_still_works_and_a_subscribe_is_a_l
         async with anyio.create_task_group() as tg:
             tg.start_soon(partial(orch.run_turn, params("hang", "s2"), "local", lambda *_: None, start=True))
             await anyio.wait_all_tasks_blocked()
-            assert (await orch.get("s1", "local")).state == "idle"
+            assert (await orch.stored.get("s1", "local")).state == "idle"
             listener = StreamListener(lambda *_: None, "stream-1", closers=[])
             try:
-                await orch.subscribe("s1", "local", listener, None, until_idle=False)
+                await orch.stored.subscribe("s1", "local", listener, None, until_idle=False)
             except LimitReached as exc:
                 assert exc.code == -32006
             else:
@@ -265,8 +265,8 @@ async def test_listing_without_a_store_pages_too(tmp_path):
     async with in_background(Orchestrator(registry, [tmp_path.resolve()], Limits(), Timeouts())) as orch:
         for i in range(3):
             await orch.run_turn(params("echo x", f"s{i}"), "local", lambda *_: None, start=True)
-        first = await orch.list_sessions("local", None, 2)
-        rest = await orch.list_sessions("local", first.next_cursor, 2)
+        first = await orch.stored.list_sessions("local", None, 2)
+        rest = await orch.stored.list_sessions("local", first.next_cursor, 2)
     assert len(first.sessions) == 2 and first.next_cursor and len(rest.sessions) == 1 and rest.next_cursor is None
     assert {s.session_id for s in first.sessions + rest.sessions} == {"s0", "s1", "s2"}
 
