@@ -4,6 +4,7 @@ write while others read, subscribers resume from any cursor, seq never repeats a
 from __future__ import annotations
 
 import logging
+import tempfile
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,10 @@ def test_any_interleaving_gives_each_subscriber_exactly_the_updates_after_its_cu
     cursor, in order, once, until its stream closes."""
 
     async def main() -> None:
-        async with in_background(orchestrator(tmp_path / str(id(steps)))) as orch:
+        # A state directory of its own per example: id(steps) was reused once an example's list
+        # was freed, and the next example then replayed the last one's stored updates (the
+        # intermittent failure of this test).
+        async with in_background(orchestrator(Path(tempfile.mkdtemp(dir=tmp_path)))) as orch:
             from orchestrator.sessions import UpdateLog
 
             session = orch.sessions.open("s1", "local", "s1")
