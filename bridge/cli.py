@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     url = _env("BRIDGE_URL") or DEFAULT_URL
     token = _env("BRIDGE_AUTH_TOKEN")
-    config_help = "YAML configuration (default: $BRIDGE_CONFIG_PATH, else ./xworkmate-bridge.yaml)"
+    config_help = "YAML or JSON configuration (default: $BRIDGE_CONFIG_PATH, else ./xworkmate-bridge.yaml)"
     state_help = "where sessions are stored (default: the config's stateDir, else <dataDir>/state)"
     only_help = "enable this one provider only (a configured id, a preset, knowledge, or openclaw)"
 
