@@ -56,6 +56,8 @@ class A2AApp:
         self.service = service
         self.limit = config.limits.max_message_bytes
         self.secured = bool(config.named_tokens)
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        self.base_url = f"http://{host}:{config.port}"  # the handler's card; clients get theirs per request
         self._sdk: Sdk | None = None
         self._loading: anyio.Lock | None = None
 
@@ -82,7 +84,7 @@ class A2AApp:
             async with self._loading:
                 if self._sdk is None:
                     await anyio.to_thread.run_sync(_import_sdk)
-                    self._sdk = Sdk(self.service, secured=self.secured)
+                    self._sdk = Sdk(self.service, secured=self.secured, base_url=self.base_url)
         return self._sdk
 
     async def card(self, request: Request) -> Response:
@@ -116,9 +118,11 @@ class A2AApp:
 
 class Sdk:
     """One a2a-sdk ``DefaultRequestHandler`` (the knowledge executor, a bounded task store) and
-    its JSON-RPC and HTTP+JSON dispatchers, whose call context carries the bridge principal."""
+    its JSON-RPC and HTTP+JSON dispatchers, whose call context carries the bridge principal.
+    ``base_url`` fills the interface URLs of the handler's own card (an empty one made the SDK
+    log that the card is not spec-compliant on the first A2A request)."""
 
-    def __init__(self, service: Any, *, secured: bool) -> None:
+    def __init__(self, service: Any, *, secured: bool, base_url: str) -> None:
         from a2a.server.request_handlers import DefaultRequestHandler
         from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
         from a2a.server.routes.rest_dispatcher import RestDispatcher
@@ -129,7 +133,7 @@ class Sdk:
         handler = DefaultRequestHandler(
             agent_executor=KnowledgeExecutor(service),
             task_store=BoundedTaskStore(),
-            agent_card=agent_card("", secured=secured),
+            agent_card=agent_card(base_url, secured=secured),
         )
         self.rpc = JsonRpcDispatcher(request_handler=handler, context_builder=PrincipalContext())
         self.rest = RestDispatcher(request_handler=handler, context_builder=PrincipalContext())

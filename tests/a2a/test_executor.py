@@ -106,3 +106,19 @@ def test_a_body_that_stalls_is_408(bridge: Bridge, monkeypatch: pytest.MonkeyPat
         sock.sendall(head.encode())
         reply = sock.recv(4096).decode()
     assert reply.startswith("HTTP/1.1 408")
+
+
+async def test_the_handler_s_card_is_spec_compliant_so_the_sdk_logs_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The handler's own card names real endpoint URLs: with empty ones the SDK warned, on the
+    first A2A request of every bridge, that the card is not spec-compliant."""
+    from bridge.a2a_server.app import A2AApp
+    from bridge.config import load_config
+
+    config = load_config(None, {"host": "::1", "port": 8799})
+    app = A2AApp(object(), config)
+    assert app.base_url == "http://[::1]:8799"
+    with caplog.at_level("WARNING"):
+        await app.sdk()
+    assert not [r for r in caplog.records if "spec-compliant" in r.getMessage()]
