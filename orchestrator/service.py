@@ -227,9 +227,10 @@ class Orchestrator:
         a polling client, and building it walks every provider). With ``principal``, ``access``
         says what that principal may use (``principals.<name>``); each principal's view is kept
         beside the base until then too (principals are the configured tokens' names, so the table
-        is bounded; the ``principals`` settings do not change while the bridge runs). Building it
-        on every call was 4 µs of the 47 µs an HTTP request costs in bench case 2."""
-        key = self.registry.snapshot_key()
+        is bounded). Both are rebuilt when the model runtime table is replaced as well
+        (``knowledge.sources.select {runtime}``: ``access.llm`` reads it). Building the view on
+        every call was 4 µs of the 47 µs an HTTP request costs in bench case 2."""
+        key = (self.registry.snapshot_key(), self.llm.settings if self.llm is not None else None)
         if self._capabilities is None or self._capabilities[0] != key:
             self._capabilities = (key, self._build_capabilities(), {})
         _, base, views = self._capabilities
