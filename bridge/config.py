@@ -303,7 +303,10 @@ def _read_file(path: Path) -> dict[str, Any]:
     A file that is a JSON object (JSON is YAML) is read with orjson and PyYAML is not imported:
     importing and running PyYAML's pure-Python loader was ~10 ms of a 110 ms budget in bench case
     6 (cold start, target <= 1.5x the baseline server), whose configs, like most generated ones,
-    are JSON. Anything else, and JSON that orjson refuses, goes to ``yaml.safe_load``.
+    are JSON. Anything else goes to ``yaml.safe_load``: JSON that orjson refuses, and JSON with a
+    number orjson reads as a float, because PyYAML (YAML 1.1) reads some of those differently
+    (``1e3`` is text to it, an integer past 64 bits stays an integer), and a file must read the
+    same whichever parser takes it.
 
     Raises:
         ConfigError: unreadable, not YAML, nested too deeply, or not a mapping (nothing else can
@@ -314,9 +317,11 @@ def _read_file(path: Path) -> dict[str, Any]:
             text = stream.read()
             if text.lstrip().startswith("{"):
                 try:
-                    return _mapping(orjson.loads(text), path)
+                    parsed = orjson.loads(text)
                 except orjson.JSONDecodeError:
-                    pass  # YAML's flow style ({host: 0.0.0.0}) or not JSON after all
+                    parsed = None  # YAML's flow style ({host: 0.0.0.0}) or not JSON after all
+                if parsed is not None and not _has_float(parsed):
+                    return _mapping(parsed, path)
             stream.seek(0)
             raw = _load_yaml(stream, path)
     except OSError as exc:
@@ -326,6 +331,16 @@ def _read_file(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
     return _mapping(raw, path)
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
 
 
 def _load_yaml(stream: Any, path: Path) -> Any:

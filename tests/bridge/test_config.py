@@ -384,3 +384,16 @@ def test_a_flow_mapping_that_is_not_json_is_still_yaml_and_json_problems_have_li
     assert load_config(write(tmp_path, "{port: 9002, host: 127.0.0.1}")).port == 9002
     with pytest.raises(ConfigError, match=r":3: port"):
         load_config(write(tmp_path, '{\n "host": "127.0.0.1",\n "port": "high"\n}'))
+
+
+@pytest.mark.parametrize("number", ["100000000000000000000", "18446744073709551617"])
+def test_a_json_integer_past_64_bits_stays_an_integer_as_in_yaml(tmp_path, number):
+    config = load_config(write(tmp_path, '{"limits": {"maxRemoteWorkspaceBytes": %s}}' % number))
+    assert config.limits.max_remote_workspace_bytes == int(number)
+
+
+def test_a_json_exponent_without_a_dot_is_text_as_in_yaml_and_other_floats_are_floats(tmp_path):
+    config = load_config(write(tmp_path, '{"authTokens": [{"name": "ops", "token": 6e23}], "host": 1e3}'))
+    assert (config.auth_tokens[0].token, config.host) == ("6e23", "1e3")
+    config = load_config(write(tmp_path, '{"sseKeepalive": 2.5, "limits": {"maxSessions": 1.0e+2}}'))
+    assert (config.sse_keepalive, config.limits.max_sessions) == (2.5, 100)
