@@ -19,6 +19,7 @@ No ``await``, no I/O, no pydantic. Must not import the rest of the project.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from bridge.rpc.errors import InvalidRequest, ParseError, RpcError
+from bridge.rpc.errors import InternalError, InvalidRequest, ParseError, RpcError
 
 # orjson reads integers outside [-2**63, 2**64) as floats: 19 digits already reach below -2**63.
 _BIG_INT = re.compile(rb"[0-9]{19,}")
@@ -320,9 +321,16 @@ class Reply(msgspec.Struct):
     error: dict[str, Any] | None = None
 
     def encode(self, seq: int) -> bytes:
+        """The envelope; a result JSON cannot hold (a handler's bug) is sent as -32603 for the
+        same id instead, so the client still gets its answer on every transport (an SSE stream
+        ended with no reply, plain HTTP answered a text 500)."""
         if self.error is not None:
             return encode_error(self.id, self.error, seq)
-        return encode_result(self.id, self.result, seq)
+        try:
+            return encode_result(self.id, self.result, seq)
+        except (TypeError, ValueError) as exc:
+            logging.getLogger(__name__).error("a result could not be encoded: %s", type(exc).__name__)
+            return encode_error(self.id, InternalError().to_error(), seq)
 
     @classmethod
     def from_error(cls, id_: Any, exc: RpcError) -> Reply:

@@ -82,13 +82,16 @@ class Handlers:
     async def fail(self, params: dict, ctx: CallContext) -> Any:
         raise RuntimeError("secret internal detail")
 
+    async def unencodable(self, params: dict, ctx: CallContext) -> Any:
+        return {"value": object()}  # a handler's bug: JSON cannot hold it
+
     async def needs_int(self, params: dict, ctx: CallContext) -> Any:
         if not isinstance(params.get("x"), int):
             raise InvalidParams("x must be an integer")
         return params["x"]
 
     def dispatcher(self) -> Dispatcher:
-        names = ("echo", "whoami", "slow", "release", "stream", "record", "fail", "needs_int")
+        names = ("echo", "whoami", "slow", "release", "stream", "record", "fail", "needs_int", "unencodable")
         return Dispatcher(Method(f"test.{name}", getattr(self, name)) for name in names)
 
 

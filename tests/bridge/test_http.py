@@ -414,3 +414,15 @@ def test_the_callers_lifespan_wraps_the_background_task_group(handlers):
         http.portal.call(wait_for, handlers, "started:bg")  # running in the background
         assert log == ["enter"]
     assert log == ["enter", "exit, background cancelled: True"]
+
+
+async def test_a_result_json_cannot_hold_is_answered_internal_error_over_json_and_sse(handlers):
+    """A handler's bug must not leave the client without an answer: plain HTTP answered a text
+    500, and an SSE stream ended with only ``[DONE]``."""
+    async with client(handlers) as http:
+        plain = await http.post("/acp/rpc", json=request("test.unencodable", {}), headers=AUTH)
+        streamed = await http.post("/acp/rpc", json=request("test.unencodable", {}, id_=2), headers=SSE)
+    assert plain.status_code == 200
+    assert (envelope(plain)["id"], envelope(plain)["error"]["code"]) == (1, -32603)
+    *_, reply, done = sse_events(streamed.text)
+    assert (reply["id"], reply["error"]["code"], done) == (2, -32603, "[DONE]")
