@@ -500,6 +500,8 @@ def provider_problems(providers: dict[str, Any]) -> list[str]:
 
             close = difflib.get_close_matches(provider_id, list(PRESETS), n=1, cutoff=0.75)
             guess = f"; did you mean the preset {close[0]}?" if close else f"; the presets are {', '.join(PRESETS)}"
+            if provider_id == "knowledge":  # a knowledge provider is a type, not an agent command
+                guess = "; a knowledge provider is written {type: knowledge}"
             problems.append(f"providers.{provider_id}.command: required (the provider is not a preset{guess})")
     return problems
 

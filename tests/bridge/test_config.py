@@ -397,3 +397,8 @@ def test_a_json_exponent_without_a_dot_is_text_as_in_yaml_and_other_floats_are_f
     assert (config.auth_tokens[0].token, config.host) == ("6e23", "1e3")
     config = load_config(write(tmp_path, '{"sseKeepalive": 2.5, "limits": {"maxSessions": 1.0e+2}}'))
     assert (config.sse_keepalive, config.limits.max_sessions) == (2.5, 100)
+
+
+def test_a_knowledge_provider_without_its_type_is_told_how_to_write_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"providers\.knowledge\.command: required .*\{type: knowledge\}"):
+        load_config(write(tmp_path, "providers:\n  knowledge: {}\n"))
