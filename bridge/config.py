@@ -15,6 +15,7 @@ Every problem of a file is reported in one run, each with its key path and line,
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -297,8 +298,9 @@ def find_config_file(explicit: str | None) -> Path | None:
     return default if default.is_file() else None
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    """The file's top-level mapping.
+def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The file's top-level mapping, and a warning for each key given twice in one mapping (the
+    last value is used, as YAML and JSON readers do; the warning names both lines).
 
     A file that is a JSON object (JSON is YAML) is read with orjson and PyYAML is not imported:
     importing and running PyYAML's pure-Python loader was ~10 ms of a 110 ms budget in bench case
@@ -306,7 +308,8 @@ def _read_file(path: Path) -> dict[str, Any]:
     are JSON. Anything else goes to ``yaml.safe_load``: JSON that orjson refuses, and JSON with a
     number orjson reads as a float, because PyYAML (YAML 1.1) reads some of those differently
     (``1e3`` is text to it, an integer past 64 bits stays an integer), and a file must read the
-    same whichever parser takes it.
+    same whichever parser takes it; and JSON that gives a key twice, so the warning can name the
+    lines.
 
     Raises:
         ConfigError: unreadable, not YAML, nested too deeply, or not a mapping (nothing else can
@@ -320,17 +323,17 @@ def _read_file(path: Path) -> dict[str, Any]:
                     parsed = orjson.loads(text)
                 except orjson.JSONDecodeError:
                     parsed = None  # YAML's flow style ({host: 0.0.0.0}) or not JSON after all
-                if parsed is not None and not _has_float(parsed):
-                    return _mapping(parsed, path)
+                if parsed is not None and not _has_float(parsed) and not _repeats_a_key(text):
+                    return _mapping(parsed, path), []
             stream.seek(0)
-            raw = _load_yaml(stream, path)
+            raw, repeated = _load_yaml(stream, path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
-    return _mapping(raw, path)
+    return _mapping(raw, path), repeated
 
 
 def _has_float(value: Any) -> bool:
@@ -343,11 +346,26 @@ def _has_float(value: Any) -> bool:
     return False
 
 
-def _load_yaml(stream: Any, path: Path) -> Any:
+def _repeats_a_key(text: str) -> bool:
+    """Whether an object in the JSON ``text`` gives a key twice (orjson keeps the last value
+    without a word; the stdlib's pairs hook sees every key)."""
+    found = False
+
+    def pairs(items: list[tuple[str, Any]]) -> None:
+        nonlocal found
+        found = found or len({key for key, _ in items}) < len(items)
+
+    json.loads(text, object_pairs_hook=pairs)
+    return found
+
+
+def _load_yaml(stream: Any, path: Path) -> tuple[Any, list[str]]:
     import yaml
 
+    from bridge.config_lines import load_yaml
+
     try:
-        return yaml.safe_load(stream)
+        return load_yaml(stream)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
 
@@ -376,11 +394,11 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             each (``<file>:<line>: <key path>: <message>``).
     """
     file = find_config_file(path)
-    data = _read_file(file) if file else {}
+    data, repeated = _read_file(file) if file else ({}, [])
     source = str(file) if file else "configuration"
     problems: list[str] = []  # "<key path>: <message>" of the file's content
     elsewhere: list[str] = []  # lines about values from the environment or flags
-    warnings: list[str] = []
+    warnings: list[str] = list(repeated)
     try:
         data = _expand(data, problems, warnings)
     except RecursionError:

@@ -1,6 +1,7 @@
-"""Where each configuration problem is in the YAML file: its line, and the "quote it" hint where
-YAML typed a plain value the key wanted as text (``bridge.config`` imports this only for a file
-with problems, so a good JSON file is read without PyYAML)."""
+"""PyYAML for ``bridge.config``: reading a YAML file (noting each key given twice), and where each
+configuration problem is in it: its line, and the "quote it" hint where YAML typed a plain value
+the key wanted as text. ``bridge.config`` imports this only for a file that is not plain JSON or
+that has problems, so a good JSON file is read without PyYAML (bench case 6)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,45 @@ from typing import Any
 import yaml
 
 from compat.settings import snake_case
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that notes each key given twice in one mapping: YAML says keys are
+    unique, and PyYAML keeps the last value without a word."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.repeated: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[str, int] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                line = key.start_mark.line + 1
+                if key.value in first:
+                    self.repeated.append(
+                        f"line {line}: {key.value} is given again (first on line {first[key.value]}); "
+                        "the last value is used"
+                    )
+                else:
+                    first[key.value] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(stream: Any) -> tuple[Any, list[str]]:
+    """The document in ``stream`` (``yaml.safe_load``'s value) and a warning for each key given
+    twice in one mapping (``line N: <key> is given again (first on line M); the last value is
+    used``).
+
+    Raises:
+        yaml.YAMLError: not YAML.
+    """
+    loader = _Loader(stream)
+    try:
+        return loader.get_single_data(), loader.repeated
+    finally:
+        loader.dispose()
+
 
 _WRONG = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>bool|int|float|date|datetime)`")
 _YAML_KINDS = {

@@ -402,3 +402,31 @@ def test_a_json_exponent_without_a_dot_is_text_as_in_yaml_and_other_floats_are_f
 def test_a_knowledge_provider_without_its_type_is_told_how_to_write_it(tmp_path):
     with pytest.raises(ConfigError, match=r"providers\.knowledge\.command: required .*\{type: knowledge\}"):
         load_config(write(tmp_path, "providers:\n  knowledge: {}\n"))
+
+
+def test_a_key_given_twice_is_a_warning_naming_both_lines_and_the_last_value_is_used(tmp_path):
+    """YAML says keys are unique; PyYAML and orjson keep the last value without a word."""
+    config = load_config(
+        write(tmp_path, "port: 8796\nhost: 127.0.0.1\nlimits:\n  maxSessions: 3\n  maxSessions: 4\nport: 8795\n")
+    )
+    assert (config.port, config.limits.max_sessions) == (8795, 4)
+    file = tmp_path / "cfg.yaml"
+    assert sorted(config.load_warnings) == [
+        f"{file}: line 5: maxSessions is given again (first on line 4); the last value is used",
+        f"{file}: line 6: port is given again (first on line 1); the last value is used",
+    ]
+
+
+def test_a_json_key_given_twice_gets_the_same_warning_and_json_without_repeats_none(tmp_path):
+    config = load_config(write(tmp_path, '{\n "port": 8796,\n "port": 8795\n}'))
+    assert config.port == 8795
+    assert config.load_warnings == (
+        f"{tmp_path / 'cfg.yaml'}: line 3: port is given again (first on line 2); the last value is used",
+    )
+    two = '{"providers": {"codex": {"label": "a"}, "gemini": {"label": "b"}}}'  # one key, two objects
+    assert load_config(write(tmp_path, two)).load_warnings == ()
+
+
+def test_a_yaml_merge_key_is_no_repeat(tmp_path):
+    config = load_config(write(tmp_path, "limits:\n  <<: {maxSessions: 3, maxQueuedTurns: 2}\n  maxSessions: 4\n"))
+    assert (config.limits.max_sessions, config.limits.max_queued_turns, config.load_warnings) == (4, 2, ())
