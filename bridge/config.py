@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import orjson
 
 from compat.gateway.settings import GatewaySettings
 from compat.knowledge.settings import KnowledgeSettings, RuntimeSettings, SourceDescriptor
@@ -302,14 +301,10 @@ def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
     """The file's top-level mapping, and a warning for each key given twice in one mapping (the
     last value is used, as YAML and JSON readers do; the warning names both lines).
 
-    A file that is a JSON object (JSON is YAML) is read with orjson and PyYAML is not imported:
-    importing and running PyYAML's pure-Python loader was ~10 ms of a 110 ms budget in bench case
-    6 (cold start, target <= 1.5x the baseline server), whose configs, like most generated ones,
-    are JSON. Anything else goes to ``yaml.safe_load``: JSON that orjson refuses, and JSON with a
-    number orjson reads as a float, because PyYAML (YAML 1.1) reads some of those differently
-    (``1e3`` is text to it, an integer past 64 bits stays an integer), and a file must read the
-    same whichever parser takes it; and JSON that gives a key twice, so the warning can name the
-    lines.
+    A file that is plain JSON (JSON is YAML) is read with the stdlib's ``json`` and PyYAML is not
+    imported: importing and running PyYAML's pure-Python loader was ~10 ms of a 110 ms budget in
+    bench case 6 (cold start, target <= 1.5x the baseline server), whose configs, like most
+    generated ones, are JSON. Everything else goes to PyYAML (:func:`_read_json`).
 
     Raises:
         ConfigError: unreadable, not YAML, nested too deeply, or not a mapping (nothing else can
@@ -318,13 +313,8 @@ def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
     try:
         with path.open(encoding="utf-8") as stream:  # a stream, so YAML errors name the file
             text = stream.read()
-            if text.lstrip().startswith("{"):
-                try:
-                    parsed = orjson.loads(text)
-                except orjson.JSONDecodeError:
-                    parsed = None  # YAML's flow style ({host: 0.0.0.0}) or not JSON after all
-                if parsed is not None and not _has_float(parsed) and not _repeats_a_key(text):
-                    return _mapping(parsed, path), []
+            if (parsed := _read_json(text)) is not None:
+                return _mapping(parsed, path), []
             stream.seek(0)
             raw, repeated = _load_yaml(stream, path)
     except OSError as exc:
@@ -336,27 +326,31 @@ def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
     return _mapping(raw, path), repeated
 
 
-def _has_float(value: Any) -> bool:
-    if isinstance(value, float):
-        return True
-    if isinstance(value, dict):
-        return any(_has_float(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_float(v) for v in value)
-    return False
+class _NotPlainJson(Exception):
+    pass
 
 
-def _repeats_a_key(text: str) -> bool:
-    """Whether an object in the JSON ``text`` gives a key twice (orjson keeps the last value
-    without a word; the stdlib's pairs hook sees every key)."""
-    found = False
+def _read_json(text: str) -> Any:
+    """``text`` as JSON when it is a JSON object PyYAML would read the same way, else None (PyYAML
+    reads it then): not JSON (YAML's flow style, ``{host: 0.0.0.0}``), a float or a NaN (YAML 1.1
+    reads ``1e3`` as text), or a key given twice in one object (PyYAML's reader warns, naming the
+    lines). Integers stay exact, as in PyYAML."""
+    if not text.lstrip().startswith("{"):
+        return None
 
-    def pairs(items: list[tuple[str, Any]]) -> None:
-        nonlocal found
-        found = found or len({key for key, _ in items}) < len(items)
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        mapping = dict(items)
+        if len(mapping) < len(items):
+            raise _NotPlainJson
+        return mapping
 
-    json.loads(text, object_pairs_hook=pairs)
-    return found
+    def refuse(literal: str) -> Any:
+        raise _NotPlainJson
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_float=refuse, parse_constant=refuse)
+    except (_NotPlainJson, ValueError):  # json.JSONDecodeError is a ValueError
+        return None
 
 
 def _load_yaml(stream: Any, path: Path) -> tuple[Any, list[str]]:
