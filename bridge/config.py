@@ -57,6 +57,11 @@ def token_principal(token: str) -> str:
     return "token-" + hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL's authority: an IPv6 address in brackets (RFC 3986 §3.2.2)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class NamedToken(Settings, frozen=True):
     name: Annotated[str, msgspec.Meta(min_length=1)]
     token: Annotated[str, msgspec.Meta(min_length=1)]

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp
 
 from bridge import __version__
 from bridge.auth import check_exposure
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, host_port
 from bridge.connections import ConnectionGuard, connection_guard, raise_open_files_limit
 
 GRACEFUL_SHUTDOWN_TIMEOUT = 2
@@ -56,7 +56,7 @@ def listen(host: str, port: int) -> list[socket.socket]:
     Raises:
         ListenError: the address is in use, not local, or not permitted.
     """
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = host_port(host, port)
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
@@ -143,8 +143,7 @@ class BridgeServer(uvicorn.Server):
         if self.started:
             for sock in sockets or ():
                 host, port = sock.getsockname()[:2]
-                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-                log.info("xworkmate-bridge %s listening on %s", __version__, url)
+                log.info("xworkmate-bridge %s listening on http://%s", __version__, host_port(host, port))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Stop (docs/api.md "Graceful shutdown"): the app refuses new requests and lets running

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bridge.a2a_server import llmwiki
 from bridge.a2a_server.shape import RequestError, is_a2a_v1
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, host_port
 from bridge.http_app import BODY_READ_TIMEOUT, BodyTooLarge, read_body
 
 CARD_PATH = "/.well-known/agent-card.json"  # a2a.utils.constants.AGENT_CARD_WELL_KNOWN_PATH
@@ -56,8 +56,9 @@ class A2AApp:
         self.service = service
         self.limit = config.limits.max_message_bytes
         self.secured = bool(config.named_tokens)
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        self.base_url = f"http://{host}:{config.port}"  # the handler's card; clients get theirs per request
+        self.base_url = (
+            f"http://{host_port(config.host, config.port)}"  # the handler's card; clients get theirs per request
+        )
         self._sdk: Sdk | None = None
         self._loading: anyio.Lock | None = None
 
