@@ -133,9 +133,9 @@ class BridgeApp:
     bench case 2 (HTTP requests, target >= 0.5x the baseline server): with them the case measured
     0.44-0.56x; without them (and with the lighter body timeout below, a cached capabilities view
     and no span object when tracing is off) a request in-process fell from 50 to 27.5 us and the
-    case measured 0.65-0.73x. Both
-    endpoints answer their own failures (``RpcEndpoint`` every method: 405 and OPTIONS are
-    its own). The path is matched as it is: the bridge is served with no ``root_path``.
+    case measured 0.57-0.73x. Both endpoints answer their own failures (``RpcEndpoint`` every
+    method: 405 and OPTIONS are its own). The path is matched as it is: the bridge is served
+    with no ``root_path``.
 
     Attributes:
         starlette: the Starlette app behind it.

@@ -29,6 +29,8 @@ import orjson
 
 from bridge.rpc.errors import InternalError, InvalidRequest, ParseError, RpcError
 
+log = logging.getLogger(__name__)
+
 # orjson reads integers outside [-2**63, 2**64) as floats: 19 digits already reach below -2**63.
 _BIG_INT = re.compile(rb"[0-9]{19,}")
 _BIG_INT_TEXT = re.compile(r"[0-9]{19,}")  # WebSocket frames arrive as str: no encode on the fast path
@@ -329,7 +331,7 @@ class Reply(msgspec.Struct):
         try:
             return encode_result(self.id, self.result, seq)
         except (TypeError, ValueError) as exc:
-            logging.getLogger(__name__).error("a result could not be encoded: %s", type(exc).__name__)
+            log.error("a result could not be encoded: %s", type(exc).__name__)
             return encode_error(self.id, InternalError().to_error(), seq)
 
     @classmethod
