@@ -100,7 +100,7 @@ class AcpConnection:
         Raises:
             SpawnError: The command could not be started.
         """
-        process = await spawn(
+        process = spawn(
             argv,
             cwd=cwd,
             env=env,

@@ -1,16 +1,14 @@
 """Starting a local child: ``subprocess.Popen`` in a process group of its own, with pipes of the
 bridge's own, and a spawn mark in its environment (``compat.process.descendants``).
 
-``Popen`` runs on a thread of its own, one start at a time (``compat.process.threads``).
-It uses ``vfork``, so a start copies none of the bridge's memory, but the caller waits until the
-child reaches ``exec``, which takes milliseconds and more when the CPUs are busy (7 ms at p50 and
-up to 24 ms each while 100 agents start at once on 2 cores). In the event loop, a storm of starts
-held the loop for as long as all of them took: bench case 4 (100 sessions at once) showed
-loop-lag probes of 170 ms at p99 and stalls of 530 ms. On a thread the loop runs meanwhile
-(``_posixsubprocess`` releases the GIL while it waits): probe p99 13 ms, and the first chunk reaches a client 30% sooner
-(p50 715 ms against 1,005). One start at a time, not one per thread of anyio's pool of 40: 40
-concurrent starts contended for the GIL and stalled the loop for 250-900 ms at a time; and not
-on that pool, whose threads may all be busy.
+``Popen`` runs in the event loop, as ``anyio.open_process`` and asyncio's subprocesses do. It
+uses ``vfork``, so a start copies none of the bridge's memory, and the loop waits only until the
+child reaches ``exec``: a millisecond or two, 7-24 ms each while 100 agents start at once on
+2 cores. Starting on a thread of its own instead let streams already running go on during such a
+storm, but they then shared the CPUs with the agents still starting: bench case 4's delay p99 was
+20-23 ms against the baseline's 0.7-0.8 (27-33x), and 4.3-4.6 ms (4.7x, 5 rounds) with starts in
+the loop. The loop-lag probe's p99 during that storm rises from 16 to ~130 ms, and the first
+chunk comes later (p50 0.73-0.79 s → 0.95-1.09 s, still before the baseline's 1.0-1.2 s).
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -22,12 +20,9 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
-import anyio
-
 from bridge.rpc.redact import redact
 from compat.process.child import AgentProcess
 from compat.process.descendants import MARK_VARIABLE, become_subreaper, new_mark, register
-from compat.process.threads import start_lock, start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +56,7 @@ class SpawnError(Exception):
         super().__init__(f"cannot start {command!r}: {reason}")
 
 
-async def spawn(
+def spawn(
     argv: Sequence[str],
     *,
     cwd: str | None,
@@ -88,7 +83,7 @@ async def spawn(
     mark = new_mark()
     child_env = {**env, MARK_VARIABLE: mark}
     try:
-        popen, fds = await _start(argv, stdin_pipe, cwd, child_env)
+        popen, fds = _popen(argv, stdin_pipe, cwd, child_env)
     except OSError as exc:
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc
@@ -96,17 +91,6 @@ async def spawn(
     register(popen.pid)
     logger.debug("spawned pid %d: %s", popen.pid, redact(" ".join(argv)))
     return AgentProcess(popen, fds, mark, max_line_bytes=max_line_bytes, stderr_tail_bytes=stderr_tail_bytes)
-
-
-async def _start(
-    argv: Sequence[str], stdin_pipe: bool, cwd: str | None, env: Mapping[str, str]
-) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
-    """:func:`_popen` on the start thread, one start at a time. A caller cancelled while it waits
-    for its turn starts nothing; a start, once begun, is finished and handed back."""
-    async with start_lock():
-        with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env, limiter=start_thread())
-    raise AssertionError("unreachable: a shielded scope is never cancelled")  # for the type checker
 
 
 def _popen(
