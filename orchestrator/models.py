@@ -55,7 +55,9 @@ class SubscribeParams(SessionRef):
 
 
 class ResultParams(SessionRef):
-    turn_id: str = Field(min_length=1, max_length=200)
+    """``session.result``: one turn's result; without ``turnId``, the session's latest turn's."""
+
+    turn_id: str | None = Field(None, min_length=1, max_length=200)
 
 
 class ListParams(_Params):

@@ -348,13 +348,16 @@ class StoredSessions:
             session.log.detach(key, "stream")
         return UnsubscribeResult(accepted=True, unsubscribed=listening)
 
-    async def turn_result(self, session_id: str, principal: str, turn_id: str) -> dict[str, Any]:
-        """``session.result``: the full result of a finished turn, or the state of a running one.
+    async def turn_result(self, session_id: str, principal: str, turn_id: str | None) -> dict[str, Any]:
+        """``session.result``: the full result of a finished turn, or the state of a running one;
+        ``turn_id`` None names the session's latest turn (the running one, else the newest kept).
 
         Raises:
-            NotFound: -32004, no such session or turn (pruned turns are unknown).
+            NotFound: -32004, no such session or turn (pruned turns are unknown), or no turn yet.
         """
         session = await self.known(principal, session_id)
+        if turn_id is None:
+            turn_id = await self._latest_turn_id(principal, session)
         for turn in session.turns if isinstance(session, Session) else ():
             if isinstance(turn, Turn) and turn.turn_id == turn_id and turn.result is None:
                 return {"sessionId": session_id, "turnId": turn_id, "status": "running", "output": turn.output}
@@ -367,6 +370,17 @@ class StoredSessions:
         if record.result is None:
             return {"sessionId": session_id, "turnId": turn_id, "status": record.status, "output": ""}
         return record.result
+
+    async def _latest_turn_id(self, principal: str, session: Session | Foreign) -> str:
+        session_id = session.record.session_id if isinstance(session, Foreign) else session.session_id
+        active = session.active if isinstance(session, Session) else None
+        if isinstance(active, Turn):
+            return active.turn_id
+        if self.store is not None:
+            await self.store.flush()
+            if newest := await self.store.turns(principal, session_id, 1):
+                return newest[0].turn_id
+        raise NotFound("the session has no turn yet", sessionId=session_id[:200])
 
     async def list_sessions(self, principal: str, cursor: str | None, limit: int) -> SessionListResult:
         """``session.list``: the principal's sessions, most recently active first, ``limit`` at a

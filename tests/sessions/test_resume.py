@@ -112,10 +112,15 @@ def test_get_result_and_list_read_a_session_back(tmp_path):
         assert [s["sessionId"] for s in page["sessions"]] == ["s2"] and page["nextCursor"]
         rest = client.post("/acp/rpc", json=call("session.list", {"cursor": page["nextCursor"]})).json()["result"]
         assert [s["sessionId"] for s in rest["sessions"]] == ["s1"] and rest["nextCursor"] is None
+        second = client.post("/acp/rpc", json=start("s1", "again")).json()["result"]
+        latest = client.post("/acp/rpc", json=call("session.result", {"sessionId": "s1"})).json()["result"]
+        assert latest == second and second["turnId"] != first["turnId"]  # no turnId: the latest turn
         unknown = client.post("/acp/rpc", json=call("session.get", {"sessionId": "nope"})).json()
         assert unknown["error"]["code"] == -32004
         bad = client.post("/acp/rpc", json=call("session.list", {"cursor": "garbage"})).json()
         assert bad["error"]["code"] == -32602
+        unknown = client.post("/acp/rpc", json=call("session.result", {"sessionId": "nope"})).json()
+        assert unknown["error"]["code"] == -32004
 
 
 def test_another_principal_can_neither_read_nor_subscribe_to_a_session(tmp_path):
@@ -166,3 +171,14 @@ def test_with_disconnect_grace_a_turn_nobody_listens_to_is_cancelled_after_it(tm
         ] == "running" and time.monotonic() < deadline:
             time.sleep(0.05)  # the grace, then the cancel, run in the bridge's own time
     assert got["turns"][0]["status"] == "cancelled"
+
+
+def test_session_result_without_a_turn_id_answers_the_running_turn(tmp_path):
+    with TestClient(make_app(tmp_path, "slow")) as client:
+        with client.websocket_connect("/acp") as ws:
+            ws.send_text(json.dumps(start("s1", "go slowly")))
+            first = updates_until(ws, lambda u: u["type"] == "delta")[-1]
+            running = client.post("/acp/rpc", json=call("session.result", {"sessionId": "s1"})).json()["result"]
+            assert running["status"] == "running" and running["turnId"] == first["turnId"]
+            ws.send_text(json.dumps(call("session.cancel", {"sessionId": "s1"}, 10)))
+            updates_until(ws, lambda u: u["type"] == "done")
