@@ -374,7 +374,7 @@ class StoredSessions:
     async def _latest_turn_id(self, principal: str, session: Session | Foreign) -> str:
         session_id = session.record.session_id if isinstance(session, Foreign) else session.session_id
         active = session.active if isinstance(session, Session) else None
-        if isinstance(active, Turn):
+        if isinstance(active, Turn) and active.turn_id is not None:  # None until it starts
             return active.turn_id
         if self.store is not None:
             await self.store.flush()
