@@ -233,6 +233,15 @@ class AcpAdapter:
             return ProbeResult("error", f"initialize timed out after {exc.timeout} s")
         except PeerClosed as exc:
             tail = cut_tail(exc.stderr_tail, _REASON_TAIL_BYTES)  # redacted, on a line boundary
+            if not tail.strip():  # nothing in the log to point to
+                logger.warning(
+                    "provider %s: probe: agent exited with code %s and wrote nothing to stderr",
+                    self.info.provider_id,
+                    exc.exit_code,
+                )
+                return ProbeResult(
+                    "error", f"the agent exited with code {exc.exit_code} during initialize, with nothing on stderr"
+                )
             logger.warning(
                 "provider %s: probe: agent exited with code %s; stderr:\n%s", self.info.provider_id, exc.exit_code, tail
             )

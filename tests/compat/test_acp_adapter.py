@@ -470,6 +470,9 @@ async def test_probes_report_ok_not_found_and_errors(make_agent: AgentFactory) -
     assert (
         result.status == "error" and "code 2" in result.detail and "boom" not in result.detail
     )  # stderr: the log only
+    assert "see the bridge's log" in result.detail
+    silent = await (await make_agent(args=["-c", "import sys; sys.exit(3)"])).probe_full()
+    assert silent.detail == "the agent exited with code 3 during initialize, with nothing on stderr"
     hangs = await make_agent(args=["-c", "import time; time.sleep(60)"], timeouts={"initialize_timeout": 0.3})
     assert (await hangs.probe_full()).status == "error"
 
