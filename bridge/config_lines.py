@@ -61,12 +61,24 @@ _YAML_KINDS = {
 }
 
 
+def _compose(text: str) -> yaml.Node | None:
+    """The YAML node tree of ``text``. JSON may indent with tabs where YAML may not: a JSON
+    file's tabs can only be whitespace (a tab in a JSON string is escaped), so they are read as
+    spaces, which keeps every line where it is."""
+    try:
+        return yaml.compose(text)
+    except yaml.YAMLError:
+        if "\t" not in text:
+            raise
+        return yaml.compose(text.replace("\t", " "))
+
+
 def locate_lines(problems: list[str], file: Path) -> list[str]:
     """Each ``<key path>: <message>`` as ``:<line>: <key path>: <message>`` where the key is found
     in ``file`` (read again: only a file with problems is), with the "quote it" hint where YAML
     typed a plain value the key wanted as text; in the file's order."""
     try:
-        root = yaml.compose(file.read_text(encoding="utf-8"))
+        root = _compose(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
         root = None
     out: list[tuple[int, str]] = []

@@ -384,6 +384,8 @@ def test_a_flow_mapping_that_is_not_json_is_still_yaml_and_json_problems_have_li
     assert load_config(write(tmp_path, "{port: 9002, host: 127.0.0.1}")).port == 9002
     with pytest.raises(ConfigError, match=r":3: port"):
         load_config(write(tmp_path, '{\n "host": "127.0.0.1",\n "port": "high"\n}'))
+    with pytest.raises(ConfigError, match=r":4: limits\.maxSessions"):  # JSON may indent with tabs; YAML may not
+        load_config(write(tmp_path, '{\n\t"host": "127.0.0.1",\n\t"limits": {\n\t\t"maxSessions": "many"\n\t}\n}'))
 
 
 @pytest.mark.parametrize("number", ["100000000000000000000", "18446744073709551617"])
