@@ -573,14 +573,23 @@ class Orchestrator:
         """``session.cancel``: ``{accepted: true, cancelled: <a running or queued turn will end
         because of it>}``.
 
-        Another principal's session is an unknown one (``cancelled: false``).
+        Another principal's session is an unknown one (``cancelled: false``). A turn read just
+        before is cancelled too, even while it still loads its session from the store.
         """
         session = self.sessions.get(session_id, principal)
+        if session is None and (loaded := self.stored.opening(principal, session_id)) is not None:
+            assert self._tg is not None, "use the Orchestrator as an async context manager"
+            self._tg.start_soon(self._cancel_once_loaded, session_id, principal, loaded)
+            return CancelResult(accepted=True, cancelled=True)
         cancelled = False
         if session is not None:
             for turn in list(session.turns):
                 cancelled = turn.stop(Trigger.CANCEL) or cancelled
         return CancelResult(accepted=True, cancelled=cancelled)
+
+    async def _cancel_once_loaded(self, session_id: str, principal: str, loaded: anyio.Event) -> None:
+        await loaded.wait()  # the turn that loads the session resumes, and is admitted, first
+        self.cancel(session_id, principal)
 
     async def close(self, session_id: str, principal: str) -> CloseResult:
         """``session.close``: stop its turns at once, end the provider session and its process,

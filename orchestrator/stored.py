@@ -78,6 +78,9 @@ class StoredSessions:
             if session is not None or self.store is None:
                 return session
             if not claim:
+                if (in_flight := self._loading.get(key)) is not None:  # a turn read before may open it
+                    await in_flight.done.wait()
+                    continue
                 await self.store.flush()  # what this process wrote (an unloaded session's last turn)
                 record = await self.store.load_session(principal, session_id)
                 return Foreign(record) if record is not None else None
@@ -94,6 +97,13 @@ class StoredSessions:
             if not create or loading.create:
                 return self.sessions.get(session_id, principal)
             # a load that claims no unknown session was in flight: claim it now
+
+    def opening(self, principal: str, session_id: str) -> anyio.Event | None:
+        """Set once the session's load ends, when a turn (``session.start``/``session.message``)
+        is loading it now (the turn is admitted as soon as the load ends); else None. Who waits
+        for it resumes after the turn (waiters resume in the order they asked)."""
+        loading = self._loading.get((principal, session_id))
+        return loading.done if loading is not None and loading.create else None
 
     async def _fetch(self, principal: str, session_id: str, loading: _Loading) -> None:
         store = self.store

@@ -182,3 +182,26 @@ def test_session_result_without_a_turn_id_answers_the_running_turn(tmp_path):
             assert running["status"] == "running" and running["turnId"] == first["turnId"]
             ws.send_text(json.dumps(call("session.cancel", {"sessionId": "s1"}, 10)))
             updates_until(ws, lambda u: u["type"] == "done")
+
+
+def test_a_cancel_sent_right_behind_a_start_cancels_its_turn(tmp_path):
+    """Requests are admitted in the order they are read (docs/api.md): a cancel that arrives
+    while the start still loads its session from the store reaches the turn all the same."""
+    with TestClient(make_app(tmp_path, "slow")) as client, client.websocket_connect("/acp") as ws:
+        ws.send_text(json.dumps(start("s1", "go slowly")))
+        ws.send_text(json.dumps(call("session.cancel", {"sessionId": "s1"}, 2)))
+        replies: dict[Any, Any] = {}
+        while 1 not in replies or 2 not in replies:
+            message = json.loads(ws.receive_text())
+            if "id" in message:
+                replies[message["id"]] = message
+    assert replies[2]["result"] == {"accepted": True, "cancelled": True}
+    assert replies[1]["result"]["status"] == "cancelled"
+
+
+def test_reads_batched_behind_a_start_see_its_session(tmp_path):
+    with TestClient(make_app(tmp_path)) as client:
+        batch = [start("s1", "one"), call("session.get", {"sessionId": "s1"}, 2)]
+        replies = {r["id"]: r for r in client.post("/acp/rpc", json=batch).json()}
+    assert replies[1]["result"]["status"] == "completed"
+    assert replies[2]["result"]["sessionId"] == "s1"  # not -32004: the start had opened it
