@@ -166,6 +166,7 @@ class AcpAdapter:
         if launch_model and self.config.model_flag:
             argv += [self.config.model_flag, launch_model]
         with tracing.span("agent.start", {"xworkmate.provider": self.info.provider_id}):
+            # a cancel while the start waits its turn starts nothing; a begun start is handed back
             conn = await self._spawn(
                 argv, cwd, launch_model, on_update, on_permission, client_capabilities, on_client_request
             )
@@ -219,7 +220,8 @@ class AcpAdapter:
     async def _probe(self, tg: anyio.abc.TaskGroup) -> ProbeResult:
         conn: AcpConnection | None = None
         try:
-            # nothing awaits between the start and ``_probes.add``, so the finally closes it
+            # a cancel while the start waits its turn starts nothing; a begun start is handed
+            # back (compat.process.spawn), and nothing awaits before the finally can close it
             conn = await self._spawn(self._argv(), self.config.cwd or os.getcwd(), None)
             self._probes.add(conn)
             await tg.start(conn.run)

@@ -100,7 +100,7 @@ class AcpConnection:
         Raises:
             SpawnError: The command could not be started.
         """
-        process = spawn(
+        process = await spawn(
             argv,
             cwd=cwd,
             env=env,

@@ -1,14 +1,20 @@
 """Starting a local child: ``subprocess.Popen`` in a process group of its own, with pipes of the
 bridge's own, and a spawn mark in its environment (``compat.process.descendants``).
 
-``Popen`` runs in the event loop, as ``anyio.open_process`` and asyncio's subprocesses do. It
-uses ``vfork``, so a start copies none of the bridge's memory, and the loop waits only until the
-child reaches ``exec``: a millisecond or two, 7-24 ms each while 100 agents start at once on
-2 cores. Starting on a thread of its own instead let streams already running go on during such a
-storm, but they then shared the CPUs with the agents still starting: bench case 4's delay p99 was
-20-23 ms against the baseline's 0.7-0.8 (27-33x), and 4.3-4.6 ms (4.7x, 5 rounds) with starts in
-the loop. The loop-lag probe's p99 during that storm rises from 16 to ~130 ms, and the first
-chunk comes later (p50 0.73-0.79 s → 0.95-1.09 s, still before the baseline's 1.0-1.2 s).
+``Popen`` runs on a thread of its own, one start at a time (``compat.process.threads``).
+It uses ``vfork``, so a start copies none of the bridge's memory, but the caller waits until the
+child reaches ``exec``. That is milliseconds (7 ms at p50 and up to 24 ms each while 100 agents
+start at once on 2 cores), or as long as the file system or an on-access scanner holds the
+``exec`` or the ``chdir``: in the event loop, one such start holds every request and stream of
+the bridge (an ``exec`` held 3 s froze ``/api/ping`` for 2.9 s; on the thread, 0.00 s), and 100
+starts at once held the loop for 1,048 ms in one stall (25 ms on the thread). The thread is also
+why bench case 4's delay p99 is far over its target (20-23 ms against the baseline's 0.7-0.8):
+streams already running go on during such a storm and share the CPUs with the agents still
+starting. Starts in the loop measured 4.3-5.8 ms (4.7-5.1x, still failing), with the loop-lag
+probe's p99 at 130-200 ms during the storm instead of 16, and the first chunk later (p50 0.95-1.16 s
+instead of 0.73-0.79). One start at a time, not one per thread of anyio's pool of 40: 40
+concurrent starts contended for the GIL and stalled the loop for 250-900 ms at a time; and not
+on that pool, whose threads may all be busy.
 
 Must not import: ``bridge`` (except ``bridge.rpc``) or ``orchestrator``.
 """
@@ -20,9 +26,12 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
+import anyio
+
 from bridge.rpc.redact import redact
 from compat.process.child import AgentProcess
 from compat.process.descendants import MARK_VARIABLE, become_subreaper, new_mark, register
+from compat.process.threads import start_lock, start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +65,7 @@ class SpawnError(Exception):
         super().__init__(f"cannot start {command!r}: {reason}")
 
 
-def spawn(
+async def spawn(
     argv: Sequence[str],
     *,
     cwd: str | None,
@@ -83,7 +92,7 @@ def spawn(
     mark = new_mark()
     child_env = {**env, MARK_VARIABLE: mark}
     try:
-        popen, fds = _popen(argv, stdin_pipe, cwd, child_env)
+        popen, fds = await _start(argv, stdin_pipe, cwd, child_env)
     except OSError as exc:
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc
@@ -91,6 +100,17 @@ def spawn(
     register(popen.pid)
     logger.debug("spawned pid %d: %s", popen.pid, redact(" ".join(argv)))
     return AgentProcess(popen, fds, mark, max_line_bytes=max_line_bytes, stderr_tail_bytes=stderr_tail_bytes)
+
+
+async def _start(
+    argv: Sequence[str], stdin_pipe: bool, cwd: str | None, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """:func:`_popen` on the start thread, one start at a time. A caller cancelled while it waits
+    for its turn starts nothing; a start, once begun, is finished and handed back."""
+    async with start_lock():
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env, limiter=start_thread())
+    raise AssertionError("unreachable: a shielded scope is never cancelled")  # for the type checker
 
 
 def _popen(

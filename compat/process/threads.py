@@ -4,6 +4,9 @@ every ``to_thread`` call in the bridge, process-table reads included).
 - :func:`exit_waits`: where pidfds are missing, each live child's exit is waited for by a thread
   of its own (as asyncio's ``ThreadedChildWatcher`` does); from the default pool, 40 live
   children would have held every thread and stalled the next start.
+- :func:`start_lock` and :func:`start_thread`: children are started one at a time on a thread of
+  their own, so the event loop runs while a start waits for the child to reach ``exec``
+  (``compat.process.spawn``), and a start never waits for the default pool.
 
 One limiter per event loop (``anyio.lowlevel.RunVar``), as anyio keeps its default one.
 
@@ -16,11 +19,13 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from anyio import CapacityLimiter
+from anyio import CapacityLimiter, Lock
 from anyio.lowlevel import RunVar
 
 T = TypeVar("T")
 _exit: RunVar[CapacityLimiter] = RunVar("xworkmate_exit_waits")
+_starts: RunVar[Lock] = RunVar("xworkmate_starts")
+_start_thread: RunVar[CapacityLimiter] = RunVar("xworkmate_start_thread")
 
 
 def _per_loop(var: RunVar[T], make: Callable[[], T]) -> T:
@@ -36,3 +41,13 @@ def _per_loop(var: RunVar[T], make: Callable[[], T]) -> T:
 def exit_waits() -> CapacityLimiter:
     """Threads that wait for a child's exit where pidfds are missing: one per live child."""
     return _per_loop(_exit, lambda: CapacityLimiter(math.inf))
+
+
+def start_lock() -> Lock:
+    """Held while a child starts: one start at a time, so starts never contend for the GIL."""
+    return _per_loop(_starts, Lock)
+
+
+def start_thread() -> CapacityLimiter:
+    """The thread a start runs on (held under :func:`start_lock`, so never waited for)."""
+    return _per_loop(_start_thread, lambda: CapacityLimiter(1))

@@ -117,8 +117,8 @@ class ProfileRun:
         """Start the process, read it to its end, end its group; never raises for its failures
         (a cut-off turn's cancellation propagates, after the group is ended)."""
         self._launch = launch
-        try:
-            self.process = spawn(
+        try:  # a cancel while the start waits its turn starts nothing; a begun start is handed back
+            self.process = await spawn(
                 launch.argv,
                 cwd=launch.cwd,
                 env=launch.env,

@@ -60,7 +60,7 @@ def fds_before() -> set[int]:
 
 
 async def start(script: str, **options: Any) -> AgentProcess:
-    return spawn(
+    return await spawn(
         [sys.executable, "-c", script],
         cwd=None,
         env=child_env(),
@@ -118,7 +118,7 @@ def test_a_failed_start_is_a_spawn_error_and_leaks_nothing(loop_name: str) -> No
         messages = []
         for argv, cwd in (([sys.executable, "-c", "pass"], "/nonexistent/dir"), (["/nonexistent/agent"], None)):
             with pytest.raises(SpawnError) as caught:
-                spawn(argv, cwd=cwd, env=child_env(), max_line_bytes=64, stderr_tail_bytes=64)
+                await spawn(argv, cwd=cwd, env=child_env(), max_line_bytes=64, stderr_tail_bytes=64)
             messages.append(str(caught.value))
         return messages
 

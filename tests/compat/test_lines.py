@@ -78,7 +78,7 @@ async def test_a_pipe_nobody_reads_stops_the_child_and_then_delivers_everything(
     Once pumped, every line arrives."""
     lines, size = 4000, 100  # 400 KB: far more than a pipe holds
     script = f"import sys; sys.stdout.write(('x' * {size - 1} + '\\n') * {lines}); sys.stdout.flush()"
-    process = spawn(
+    process = await spawn(
         [sys.executable, "-c", script],
         cwd=None,
         env=child_env(),

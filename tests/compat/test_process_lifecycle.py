@@ -135,7 +135,7 @@ class Pumped:
 @contextlib.asynccontextmanager
 async def pumped(script: str, **spawn_args: Any) -> AsyncIterator[Pumped]:
     """``script`` run with ``python -c``, pumped, and ended (with everything it started) after."""
-    proc = spawn(
+    proc = await spawn(
         [sys.executable, "-c", script],
         cwd=None,
         env=child_env(),
@@ -291,9 +291,9 @@ async def test_a_daemon_that_exited_before_anyone_saw_it_is_reaped_while_its_age
 
 
 async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
-    """A start needs no worker thread (``compat.process.spawn`` starts in the event loop): with
-    anyio's default 40 all busy (here: blocked), an agent still starts (bench case 4: 100 sessions
-    at once queued the last start ~750 ms behind the first when starts took a pooled thread)."""
+    """Children start on a thread of their own (``compat.process.threads``): with anyio's default
+    40 all busy (here: blocked), an agent still starts (bench case 4: 100 sessions at once queued
+    the last start ~750 ms behind the first)."""
     import threading
 
     release = threading.Event()
@@ -305,7 +305,7 @@ async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
             with anyio.fail_after(10):
                 while anyio.to_thread.current_default_thread_limiter().borrowed_tokens < busy:
                     await anyio.sleep(0.01)
-                proc = spawn(
+                proc = await spawn(
                     [sys.executable, "-c", "pass"],
                     cwd=None,
                     env=child_env(),
@@ -316,6 +316,79 @@ async def test_a_start_does_not_wait_for_the_shared_worker_threads() -> None:
         finally:
             release.set()  # the blocked threads cannot be cancelled: let them end
     await proc.terminate(0.5)
+
+
+async def test_the_event_loop_runs_while_a_start_waits_for_its_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start waits off the event loop until its child reaches ``exec`` (``compat.process.spawn``):
+    here the start is held until a task on the loop lets it go. Run in the loop, the start would
+    hold the loop, the task could never run, and the start would fail after 5 s."""
+    import threading
+
+    from compat.process import spawn as spawn_module
+
+    release, entered = threading.Event(), threading.Event()
+    real_popen = spawn_module._popen
+
+    def held_popen(*args: Any) -> Any:
+        entered.set()
+        if not release.wait(5):
+            raise OSError("the event loop did not run while the start waited")
+        return real_popen(*args)
+
+    monkeypatch.setattr(spawn_module, "_popen", held_popen)
+    started: list[AgentProcess] = []
+
+    async def start() -> None:
+        started.append(
+            await spawn(
+                [sys.executable, "-c", "pass"], cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024
+            )
+        )
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start)
+            await anyio.to_thread.run_sync(entered.wait, 5)  # the start is waiting for its child
+            release.set()  # this line runs only if the loop is free meanwhile
+    assert await started[0].wait(5) == 0
+    await started[0].terminate(0.5)
+
+
+async def test_starts_run_one_at_a_time_and_a_cancelled_waiter_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starts queue for the start thread one at a time; a caller cancelled while it waits for its
+    turn starts no child (nothing to leak), and the one already starting finishes."""
+    import threading
+
+    from compat.process import spawn as spawn_module
+
+    release, entered = threading.Event(), threading.Event()
+    calls: list[int] = []
+    real_popen = spawn_module._popen
+
+    def counted_popen(*args: Any) -> Any:
+        calls.append(1)
+        entered.set()
+        release.wait(5)
+        return real_popen(*args)
+
+    monkeypatch.setattr(spawn_module, "_popen", counted_popen)
+    argv = [sys.executable, "-c", "pass"]
+    first: list[AgentProcess] = []
+
+    async def start_first() -> None:
+        first.append(await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start_first)
+            await anyio.to_thread.run_sync(entered.wait, 5)  # the first start holds the thread
+            with anyio.move_on_after(0.2) as waiting:  # the second waits behind it, then is cancelled
+                await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
+            assert waiting.cancelled_caught
+            release.set()
+    assert calls == [1]  # the cancelled caller never reached Popen
+    assert await first[0].wait(5) == 0
+    await first[0].terminate(0.5)
 
 
 async def test_the_walk_at_kill_time_finds_the_escaped_and_the_grouped_grandchild() -> None:
@@ -358,7 +431,7 @@ async def test_terminate_keeps_the_exit_status_of_a_leader_that_already_exited(
     import compat.process.child as child_module
 
     monkeypatch.setattr(child_module, "PIDFD", pidfd)
-    proc = spawn(
+    proc = await spawn(
         [sys.executable, "-c", "raise SystemExit(3)"],
         cwd=None,
         env=child_env(),

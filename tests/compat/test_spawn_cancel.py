@@ -1,12 +1,10 @@
-"""Agent starts the bridge's stop or a cancel reaches while they wait, through the ACP adapter
-as turns use it: a turn cancelled before its agent starts starts none, and an agent whose start
-finishes after the adapter stopped is ended, not left running.
-
-``compat.process.spawn`` starts a child without awaiting; the wait here stands for any await
-before it (a turn waiting for ``maxLiveAgents``, a start that ever awaits)."""
+"""Starts queued behind the start thread (``compat.process.spawn``), through the ACP adapter as
+turns and the bridge's stop reach them: a turn cancelled while its start waits starts no agent,
+and an agent whose start finishes after the adapter stopped is ended, not left running."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +18,21 @@ from compat.settings import Limits, Timeouts
 from .conftest import TEST_TIMEOUTS, AgentFactory, RecordingSink, process_alive, turn_request, wait_gone
 
 
-def _held_start(monkeypatch: pytest.MonkeyPatch, pids: list[int]) -> tuple[anyio.Event, anyio.Event]:
-    """Make each agent start wait for ``release`` (once one waits, ``entered`` is set), then start."""
-    from compat.acp import connection as connection_module
+def _held_popen(monkeypatch: pytest.MonkeyPatch, pids: list[int]) -> tuple[threading.Event, threading.Event]:
+    """Make each start wait on ``release`` once it is on the start thread (``entered``)."""
+    from compat.process import spawn as spawn_module
 
-    release, entered = anyio.Event(), anyio.Event()
-    real_spawn, real_start = connection_module.spawn, connection_module.AcpConnection.start
+    release, entered = threading.Event(), threading.Event()
+    real_popen = spawn_module._popen
 
-    async def held_start(cls: Any, argv: Any, **kwargs: Any) -> Any:
+    def held_popen(*args: Any) -> Any:
         entered.set()
-        await release.wait()
-        return await real_start(argv, **kwargs)
+        release.wait(10)
+        popen, fds = real_popen(*args)
+        pids.append(popen.pid)
+        return popen, fds
 
-    def recording_spawn(*args: Any, **kwargs: Any) -> Any:
-        process = real_spawn(*args, **kwargs)
-        pids.append(process.pid)
-        return process
-
-    monkeypatch.setattr(connection_module, "spawn", recording_spawn)
-    monkeypatch.setattr(connection_module.AcpConnection, "start", classmethod(held_start))
+    monkeypatch.setattr(spawn_module, "_popen", held_popen)
     return release, entered
 
 
@@ -51,7 +45,7 @@ async def test_turns_cancelled_while_their_starts_wait_start_no_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pids: list[int] = []
-    release, entered = _held_start(monkeypatch, pids)
+    release, entered = _held_popen(monkeypatch, pids)
     adapter = _adapter(tmp_path, Limits(max_live_agents=100))
     with anyio.fail_after(20):
         async with anyio.create_task_group() as host:
@@ -59,10 +53,10 @@ async def test_turns_cancelled_while_their_starts_wait_start_no_agent(
             async with anyio.create_task_group() as turns:
                 for i in range(10):
                     turns.start_soon(adapter.open_session(f"s{i}").run_turn, turn_request(), RecordingSink())
-                await entered.wait()  # the starts wait
+                await anyio.to_thread.run_sync(entered.wait, 5)  # one start is on the thread, 9 wait
                 turns.cancel_scope.cancel()
                 release.set()
-            assert pids == []  # the ten waiting started nothing
+            assert len(pids) == 1  # the one already starting; the nine waiting started nothing
             await adapter.aclose()
             await wait_gone(pids)
             host.cancel_scope.cancel()
@@ -72,7 +66,7 @@ async def test_an_agent_started_after_the_adapter_stopped_is_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pids: list[int] = []
-    release, entered = _held_start(monkeypatch, pids)
+    release, entered = _held_popen(monkeypatch, pids)
     adapter = _adapter(tmp_path, Limits())
     errors: list[BaseException] = []
 
@@ -88,7 +82,7 @@ async def test_an_agent_started_after_the_adapter_stopped_is_ended(
                 async with anyio.create_task_group() as host:
                     await host.start(adapter.run)
                     outer.start_soon(turn)
-                    await entered.wait()  # the start waits
+                    await anyio.to_thread.run_sync(entered.wait, 5)  # the start is on the start thread
                     host.cancel_scope.cancel()  # the bridge stops: the adapter's run() ends
                 release.set()  # the child starts now, with no adapter to host it
             assert pids
