@@ -369,14 +369,16 @@ class StoredSessions:
         if turn_id is None:
             turn_id = await self._latest_turn_id(principal, session)
         for turn in session.turns if isinstance(session, Session) else ():
-            if isinstance(turn, Turn) and turn.turn_id == turn_id and turn.result is None:
+            if isinstance(turn, Turn) and (turn.turn_id or turn.planned_turn_id) == turn_id and turn.result is None:
                 return {"sessionId": session_id, "turnId": turn_id, "status": "running", "output": turn.output}
         record = None
         if self.store is not None:
             await self.store.flush()
             record = await self.store.turn(principal, session_id, turn_id)
         if record is None:
-            raise NotFound("unknown turn", sessionId=session_id[:200], turnId=turn_id[:200])
+            raise NotFound(
+                f"unknown turn{_UNKEPT if self.store is None else ''}", sessionId=session_id[:200], turnId=turn_id[:200]
+            )
         if record.result is None:
             return {"sessionId": session_id, "turnId": turn_id, "status": record.status, "output": ""}
         return record.result
@@ -384,12 +386,13 @@ class StoredSessions:
     async def _latest_turn_id(self, principal: str, session: Session | Foreign) -> str:
         session_id = session.record.session_id if isinstance(session, Foreign) else session.session_id
         active = session.active if isinstance(session, Session) else None
-        if isinstance(active, Turn) and active.turn_id is not None:  # None until it starts
-            return active.turn_id
-        if self.store is not None:
-            await self.store.flush()
-            if newest := await self.store.turns(principal, session_id, 1):
-                return newest[0].turn_id
+        if isinstance(active, Turn):  # admitted: running, or about to
+            return active.turn_id or active.planned_turn_id
+        if self.store is None:
+            raise NotFound(f"the session has no running turn{_UNKEPT}", sessionId=session_id[:200])
+        await self.store.flush()
+        if newest := await self.store.turns(principal, session_id, 1):
+            return newest[0].turn_id
         raise NotFound("the session has no turn yet", sessionId=session_id[:200])
 
     async def list_sessions(self, principal: str, cursor: str | None, limit: int) -> SessionListResult:
@@ -464,6 +467,9 @@ def _decode_cursor(cursor: str | None) -> tuple[float, str] | None:
         return float(updated), str(session_id)
     except (ValueError, TypeError, msgspec.DecodeError) as exc:
         raise InvalidParams("Invalid params: unknown cursor", field="cursor") from exc
+
+
+_UNKEPT = " (finished turns are kept only with persistSessions: true)"
 
 
 class _Loading:

@@ -236,6 +236,11 @@ class Turn:
             self._release_permissions()
         return new
 
+    @property
+    def planned_turn_id(self) -> str:
+        """The id the turn runs under once it starts (:attr:`turn_id` is None until then)."""
+        return self._spec.turn_id
+
     def stop(self, trigger: Trigger) -> bool:
         """A stop from outside (``cancel``, ``close``, ``shutdown``); whether the turn will end
         because of it (False once its outcome is known)."""

@@ -205,3 +205,43 @@ def test_reads_batched_behind_a_start_see_its_session(tmp_path):
         replies = {r["id"]: r for r in client.post("/acp/rpc", json=batch).json()}
     assert replies[1]["result"]["status"] == "completed"
     assert replies[2]["result"]["sessionId"] == "s1"  # not -32004: the start had opened it
+
+
+def test_session_result_without_a_turn_id_answers_a_turn_still_preparing_not_the_one_before(tmp_path, monkeypatch):
+    """Between admission and its start a turn awaits (preflight, inline attachments): in that
+    window the session runs it, so "the latest turn" is it, not the finished one before."""
+    import threading
+
+    import anyio
+
+    from orchestrator.service import Orchestrator
+
+    real, entered, release = Orchestrator._preflight, threading.Event(), threading.Event()
+
+    async def held_preflight(self: Orchestrator, provider_id: str, extra: dict[str, Any]) -> None:
+        if extra.get("held"):
+            entered.set()
+            await anyio.to_thread.run_sync(release.wait, 10)
+        await real(self, provider_id, extra)
+
+    monkeypatch.setattr(Orchestrator, "_preflight", held_preflight)
+    with TestClient(make_app(tmp_path)) as client:
+        first = client.post("/acp/rpc", json=start("s1", "one")).json()["result"]
+        with client.websocket_connect("/acp") as ws:
+            second = start("s1", "two", held=True)
+            second["method"] = "session.message"
+            ws.send_text(json.dumps(second))
+            assert entered.wait(10)
+            latest = client.post("/acp/rpc", json=call("session.result", {"sessionId": "s1"})).json()["result"]
+            release.set()
+            reply, _ = reply_of(ws, 1)
+    assert latest["status"] == "running" and latest["turnId"] != first["turnId"]
+    assert latest["turnId"] == reply["result"]["turnId"]  # the id it then ran under
+
+
+def test_without_a_store_session_result_says_finished_turns_are_not_kept(tmp_path):
+    with TestClient(make_app(tmp_path, persistSessions=False)) as client:
+        first = client.post("/acp/rpc", json=start("s1")).json()["result"]
+        for params in ({"sessionId": "s1"}, {"sessionId": "s1", "turnId": first["turnId"]}):
+            error = client.post("/acp/rpc", json=call("session.result", params)).json()["error"]
+            assert error["code"] == -32004 and "persistSessions" in error["message"], error
