@@ -273,6 +273,8 @@ class Turn:
             try:
                 with self._scope:
                     await self._session.wait_turn(self)
+                    if self.machine.state is TurnState.ENDED:  # stopped before this task first ran
+                        return
                     self.fire(Trigger.ADMIT)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._report_waits)

@@ -5,6 +5,7 @@ and over SSE; two subscribers see the same sequence; the methods that read a ses
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -184,9 +185,10 @@ def test_session_result_without_a_turn_id_answers_the_running_turn(tmp_path):
             updates_until(ws, lambda u: u["type"] == "done")
 
 
-def test_a_cancel_sent_right_behind_a_start_cancels_its_turn(tmp_path):
+def test_a_cancel_sent_right_behind_a_start_cancels_its_turn(tmp_path, caplog):
     """Requests are admitted in the order they are read (docs/api.md): a cancel that arrives
-    while the start still loads its session from the store reaches the turn all the same."""
+    while the start still loads its session from the store reaches the turn all the same, and
+    a turn stopped before its task first ran ends quietly (no "failed unexpectedly")."""
     with TestClient(make_app(tmp_path, "slow")) as client, client.websocket_connect("/acp") as ws:
         ws.send_text(json.dumps(start("s1", "go slowly")))
         ws.send_text(json.dumps(call("session.cancel", {"sessionId": "s1"}, 2)))
@@ -197,6 +199,7 @@ def test_a_cancel_sent_right_behind_a_start_cancels_its_turn(tmp_path):
                 replies[message["id"]] = message
     assert replies[2]["result"] == {"accepted": True, "cancelled": True}
     assert replies[1]["result"]["status"] == "cancelled"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_reads_batched_behind_a_start_see_its_session(tmp_path):
