@@ -86,8 +86,11 @@ async def spawn(
         stdin_pipe: False gives the child ``/dev/null`` as stdin (exec profiles, field-failures #14).
 
     Raises:
-        SpawnError: The command is missing, not executable, or ``cwd`` does not exist.
+        SpawnError: The command is missing, empty or not executable, ``cwd`` does not exist, or
+            an argument or environment value holds a NUL byte (a client's ``model`` may).
     """
+    if not argv or not argv[0]:
+        raise SpawnError("", "no command")
     become_subreaper()
     mark = new_mark()
     child_env = {**env, MARK_VARIABLE: mark}
@@ -97,6 +100,8 @@ async def spawn(
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError(argv[0], f"working directory does not exist: {cwd}") from exc
         raise SpawnError(argv[0], exc.strerror or type(exc).__name__) from exc
+    except ValueError as exc:  # "embedded null byte": Popen refuses it before anything starts
+        raise SpawnError(argv[0], "an argument or environment value contains a NUL byte") from exc
     register(popen.pid)
     logger.debug("spawned pid %d: %s", popen.pid, redact(" ".join(argv)))
     return AgentProcess(popen, fds, mark, max_line_bytes=max_line_bytes, stderr_tail_bytes=stderr_tail_bytes)

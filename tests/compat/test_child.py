@@ -116,16 +116,24 @@ def test_many_children_leave_no_descriptor_and_no_process_behind(
 def test_a_failed_start_is_a_spawn_error_and_leaks_nothing(loop_name: str) -> None:
     async def main() -> list[str]:
         messages = []
-        for argv, cwd in (([sys.executable, "-c", "pass"], "/nonexistent/dir"), (["/nonexistent/agent"], None)):
+        cases: list[tuple[list[str], str | None]] = [
+            ([sys.executable, "-c", "pass"], "/nonexistent/dir"),
+            (["/nonexistent/agent"], None),
+            ([sys.executable, "-m", "model\x00name"], None),  # a client's model after modelFlag
+            ([], None),
+        ]
+        for argv, cwd in cases:
             with pytest.raises(SpawnError) as caught:
                 await spawn(argv, cwd=cwd, env=child_env(), max_line_bytes=64, stderr_tail_bytes=64)
             messages.append(str(caught.value))
         return messages
 
-    before = fds_before()
-    missing_dir, missing_command = run_on(loop_name, main)
+    run_on(loop_name, lambda: anyio.to_thread.run_sync(lambda: None))  # the process's first worker
+    before = fds_before()  # thread opens a pipe that stays: not ours to count
+    missing_dir, missing_command, nul, empty = run_on(loop_name, main)
     assert "working directory does not exist: /nonexistent/dir" in missing_dir
     assert "/nonexistent/agent" in missing_command
+    assert nul.endswith("an argument or environment value contains a NUL byte") and empty.endswith("no command")
     assert open_fds() - before == set()
 
 
