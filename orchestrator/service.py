@@ -180,9 +180,9 @@ class Orchestrator:
                     turn.stop(Trigger.SHUTDOWN)
                 for turn in turns:
                     await turn.ended.wait()
-                for session in self.sessions:
-                    await self._end_provider_session(session)
-                    await self._remove_files(session, remote=False)  # kept: the same ids find it again
+                async with anyio.create_task_group() as ending:  # all at once: each may wait its grace
+                    for session in self.sessions:
+                        ending.start_soon(self._end_session_at_exit, session)
             await self.registry.aclose()
             for session in self.sessions:
                 session.close_log()
@@ -668,6 +668,10 @@ class Orchestrator:
             self.sessions.evict_idle(self.timeouts.session_idle_timeout)
             if self.store is not None:
                 self.store.prune()  # sessionRetention and stateMaxBytes, in the store's writer
+
+    async def _end_session_at_exit(self, session: Session) -> None:
+        await self._end_provider_session(session)
+        await self._remove_files(session, remote=False)  # kept: the same ids find it again
 
     async def _end_provider_session(self, session: Session) -> None:
         """End the session's provider session (its agent process); never raises: it runs in the

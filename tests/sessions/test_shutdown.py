@@ -122,3 +122,31 @@ def test_acp_stdio_at_the_end_of_its_input_cancels_its_running_turn_and_records_
     )
     snapshot = json.loads(again.stdout.splitlines()[-1])["result"]
     assert snapshot["turns"][0]["status"] == "cancelled"
+
+
+def test_agents_that_ignore_sigterm_are_ended_together_so_the_bound_holds_for_many(tmp_path):
+    """Each idle session's agent gets KILL_GRACE between SIGTERM and SIGKILL; one after another,
+    8 such agents took 8 times that. Ended together, the bridge exits within the bound."""
+    args = [str(FAKE_AGENT), "--mode", "ignore-term"]
+    data = {
+        "workspaceRoots": [str(tmp_path)],
+        "providers": {"fake": {"command": sys.executable, "args": args}},
+        "timeouts": {"cancelGrace": CANCEL_GRACE, "shutdownGrace": GRACE},
+    }
+    cfg = tmp_path / "bridge.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    bridge = Bridge(tmp_path, cfg)
+    try:
+        for i in range(8):  # each session keeps its agent after its turn
+            body = {"jsonrpc": "2.0", "id": i, "method": "session.start", "params": turn(f"s{i}", "hi", "fake")}
+            assert httpx.post(f"{bridge.url}/acp/rpc", json=body, timeout=30).json()["result"]["status"] == "completed"
+        agents = psutil.Process(bridge.proc.pid).children(recursive=True)
+        assert len(agents) >= 8
+        stopped_at = time.monotonic()
+        bridge.proc.send_signal(signal.SIGTERM)
+        assert bridge.proc.wait(timeout=30) == 0
+        took = time.monotonic() - stopped_at
+    finally:
+        bridge.stop()
+    assert took < GRACE + CANCEL_GRACE + 2 + 1.5, took  # the bound, with a margin for this machine
+    assert all(gone(p) for p in agents)
