@@ -207,6 +207,7 @@ class Orchestrator:
         self._closing = True
         turns = [turn for session in self.sessions for turn in session.turns if isinstance(turn, Turn)]
         message = f"the bridge is stopping; running turns get {grace:g} s to finish"
+        log.info("stopping: %d turn(s) running or queued get %g s to finish (shutdownGrace)", len(turns), grace)
         for turn in turns:
             if turn.turn_id is not None and turn.machine.state in _LIVE_STATES:
                 turn.publish(updates.status("bridge_stopping", message))

@@ -304,6 +304,7 @@ class Turn:
         self._scope.deadline = anyio.current_time() + host.timeouts.turn_timeout
         self._announced = True
         self.started_at = time.time()
+        self._session.working_directory = spec.cwd  # session.get shows it while the turn runs
         self._session.save_turn(self)  # recorded as running: a restart finds it (BRIDGE_RESTARTED)
         self.publish(updates.started())
         self._send_unsent_state()
@@ -545,7 +546,6 @@ class Turn:
 
     def _record(self, output: str) -> None:
         session = self._session
-        session.working_directory = self._spec.cwd
         session.record("user", self._spec.prompt)
         if output:
             session.record("assistant", output)

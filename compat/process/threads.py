@@ -3,7 +3,8 @@ every ``to_thread`` call in the bridge, process-table reads included).
 
 - :func:`exit_waits`: where pidfds are missing, each live child's exit is waited for by a thread
   of its own (as asyncio's ``ThreadedChildWatcher`` does); from the default pool, 40 live
-  children would have held every thread and stalled the next start.
+  children would hold every thread, and every other ``to_thread`` call (the process-table reads
+  that end an agent among them) would wait.
 - :func:`start_lock` and :func:`start_thread`: children are started one at a time on a thread of
   their own, so the event loop runs while a start waits for the child to reach ``exec``
   (``compat.process.spawn``), and a start never waits for the default pool.

@@ -177,10 +177,12 @@ def test_with_disconnect_grace_a_turn_nobody_listens_to_is_cancelled_after_it(tm
 def test_session_result_without_a_turn_id_answers_the_running_turn(tmp_path):
     with TestClient(make_app(tmp_path, "slow")) as client:
         with client.websocket_connect("/acp") as ws:
-            ws.send_text(json.dumps(start("s1", "go slowly")))
+            ws.send_text(json.dumps(start("s1", "go slowly", workingDirectory=str(tmp_path))))
             first = updates_until(ws, lambda u: u["type"] == "delta")[-1]
             running = client.post("/acp/rpc", json=call("session.result", {"sessionId": "s1"})).json()["result"]
             assert running["status"] == "running" and running["turnId"] == first["turnId"]
+            got = client.post("/acp/rpc", json=call("session.get", {"sessionId": "s1"})).json()["result"]
+            assert got["state"] == "running" and got["workingDirectory"] == str(tmp_path)  # during its first turn
             ws.send_text(json.dumps(call("session.cancel", {"sessionId": "s1"}, 10)))
             updates_until(ws, lambda u: u["type"] == "done")
 

@@ -62,6 +62,8 @@ def test_sigterm_ends_streams_cleanly_closes_websockets_with_1012_and_ends_every
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
     assert took < GRACE + CANCEL_GRACE + 2 + 1.5  # the bound, with a margin for this machine
     assert all(gone(p) for p in agents)
+    log = (tmp_path / f"bridge-{bridge.port}.log").read_text()
+    assert "stopping: 1 turn(s) running or queued get 1 s to finish (shutdownGrace)" in log  # said at once
 
 
 def stream_then_stop(bridge: Bridge) -> tuple[float, list[psutil.Process], list[dict[str, Any]], list[str]]:
