@@ -56,6 +56,13 @@ CPUs to the bridge's one.
 """
 
 
+START_SLOT_WAIT = 30.0
+"""Seconds a start waits for the one before it (100 starts at once take ~2.5 s on 2 cores). A start
+that takes longer is held in ``exec`` or ``chdir`` by the file system (a hung network mount) and
+cannot be cut off: the starts behind it fail with a :class:`SpawnError` that says so, instead of
+each waiting out its turn's ``turnTimeout``."""
+
+
 class SpawnError(Exception):
     """The command could not be started (not found, not executable, bad cwd)."""
 
@@ -86,8 +93,9 @@ async def spawn(
         stdin_pipe: False gives the child ``/dev/null`` as stdin (exec profiles, field-failures #14).
 
     Raises:
-        SpawnError: The command is missing, empty or not executable, ``cwd`` does not exist, or
-            an argument or environment value holds a NUL byte (a client's ``model`` may).
+        SpawnError: The command is missing, empty or not executable, ``cwd`` does not exist,
+            an argument or environment value holds a NUL byte (a client's ``model`` may), or the
+            start before this one is stuck (:data:`START_SLOT_WAIT`).
     """
     if not argv or not argv[0]:
         raise SpawnError("", "no command")
@@ -111,11 +119,26 @@ async def _start(
     argv: Sequence[str], stdin_pipe: bool, cwd: str | None, env: Mapping[str, str]
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     """:func:`_popen` on the start thread, one start at a time. A caller cancelled while it waits
-    for its turn starts nothing; a start, once begun, is finished and handed back."""
-    async with start_lock():
+    for its turn starts nothing; a start, once begun, is finished and handed back.
+
+    Raises:
+        SpawnError: the start before it has not finished for :data:`START_SLOT_WAIT` seconds.
+    """
+    lock = start_lock()
+    with anyio.move_on_after(START_SLOT_WAIT) as waiting:
+        await lock.acquire()
+    if waiting.cancelled_caught:
+        raise SpawnError(
+            argv[0],
+            f"another agent's start has not finished for {START_SLOT_WAIT:g} s (its command or "
+            "working directory may be on a file system that does not answer)",
+        )
+    try:
         with anyio.CancelScope(shield=True):
             return await anyio.to_thread.run_sync(_popen, argv, stdin_pipe, cwd, env, limiter=start_thread())
-    raise AssertionError("unreachable: a shielded scope is never cancelled")  # for the type checker
+        raise AssertionError("unreachable: a shielded scope is never cancelled")  # for the type checker
+    finally:
+        lock.release()
 
 
 def _popen(

@@ -31,7 +31,7 @@ from compat.acp.session import AcpSession
 from compat.base import TurnOutcome
 from compat.process.child import AgentProcess
 from compat.process.env import child_env, cut_tail
-from compat.process.spawn import spawn
+from compat.process.spawn import SpawnError, spawn
 
 from .conftest import AgentFactory, RecordingSink, process_alive, turn_request, wait_gone, wait_log
 
@@ -387,6 +387,42 @@ async def test_starts_run_one_at_a_time_and_a_cancelled_waiter_starts_nothing(mo
             assert waiting.cancelled_caught
             release.set()
     assert calls == [1]  # the cancelled caller never reached Popen
+    assert await first[0].wait(5) == 0
+    await first[0].terminate(0.5)
+
+
+async def test_starts_behind_a_stuck_start_fail_with_a_reason_instead_of_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start held in ``exec`` (a hung network mount) cannot be cut off; the ones behind it give
+    up after ``START_SLOT_WAIT`` with a SpawnError that says why, and the held one still ends."""
+    import threading
+
+    from compat.process import spawn as spawn_module
+
+    release, entered = threading.Event(), threading.Event()
+    real_popen = spawn_module._popen
+
+    def held_popen(*args: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return real_popen(*args)
+
+    monkeypatch.setattr(spawn_module, "_popen", held_popen)
+    monkeypatch.setattr(spawn_module, "START_SLOT_WAIT", 0.2)
+    argv = [sys.executable, "-c", "pass"]
+    first: list[AgentProcess] = []
+
+    async def start_first() -> None:
+        first.append(await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start_first)
+            await anyio.to_thread.run_sync(entered.wait, 5)  # the first start is stuck in "exec"
+            with pytest.raises(SpawnError, match=r"another agent's start has not finished for 0\.2 s"):
+                await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
+            release.set()
     assert await first[0].wait(5) == 0
     await first[0].terminate(0.5)
 
