@@ -366,34 +366,34 @@ class StoredSessions:
             NotFound: -32004, no such session or turn (pruned turns are unknown), or no turn yet.
         """
         session = await self.known(principal, session_id)
-        if turn_id is None:
-            turn_id = await self._latest_turn_id(principal, session)
+        active = session.active if isinstance(session, Session) else None  # admitted: running, or about to
         for turn in session.turns if isinstance(session, Session) else ():
-            if isinstance(turn, Turn) and (turn.turn_id or turn.planned_turn_id) == turn_id and turn.result is None:
-                return {"sessionId": session_id, "turnId": turn_id, "status": "running", "output": turn.output}
-        record = None
-        if self.store is not None:
-            await self.store.flush()
-            record = await self.store.turn(principal, session_id, turn_id)
-        if record is None:
+            if not isinstance(turn, Turn) or turn.result is not None:
+                continue
+            if (turn is active) if turn_id is None else (turn.planned_turn_id == turn_id):
+                return {
+                    "sessionId": session_id,
+                    "turnId": turn.planned_turn_id,
+                    "status": "running",
+                    "output": turn.output,
+                }
+        if self.store is None:
             raise NotFound(
-                f"unknown turn{_UNKEPT if self.store is None else ''}", sessionId=session_id[:200], turnId=turn_id[:200]
+                ("unknown turn" if turn_id else "the session has no running turn") + _UNKEPT,
+                sessionId=session_id[:200],
+                **({"turnId": turn_id[:200]} if turn_id else {}),
             )
+        await self.store.flush()
+        if turn_id is None:
+            if not (newest := await self.store.turns(principal, session_id, 1)):
+                raise NotFound("the session has no turn yet", sessionId=session_id[:200])
+            turn_id = newest[0].turn_id
+        record = await self.store.turn(principal, session_id, turn_id)
+        if record is None:
+            raise NotFound("unknown turn", sessionId=session_id[:200], turnId=turn_id[:200])
         if record.result is None:
             return {"sessionId": session_id, "turnId": turn_id, "status": record.status, "output": ""}
         return record.result
-
-    async def _latest_turn_id(self, principal: str, session: Session | Foreign) -> str:
-        session_id = session.record.session_id if isinstance(session, Foreign) else session.session_id
-        active = session.active if isinstance(session, Session) else None
-        if isinstance(active, Turn):  # admitted: running, or about to
-            return active.turn_id or active.planned_turn_id
-        if self.store is None:
-            raise NotFound(f"the session has no running turn{_UNKEPT}", sessionId=session_id[:200])
-        await self.store.flush()
-        if newest := await self.store.turns(principal, session_id, 1):
-            return newest[0].turn_id
-        raise NotFound("the session has no turn yet", sessionId=session_id[:200])
 
     async def list_sessions(self, principal: str, cursor: str | None, limit: int) -> SessionListResult:
         """``session.list``: the principal's sessions, most recently active first, ``limit`` at a

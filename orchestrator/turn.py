@@ -238,7 +238,8 @@ class Turn:
 
     @property
     def planned_turn_id(self) -> str:
-        """The id the turn runs under once it starts (:attr:`turn_id` is None until then)."""
+        """The turn's id, before it starts too (:attr:`turn_id` is None until then, and this id
+        once it started)."""
         return self._spec.turn_id
 
     def stop(self, trigger: Trigger) -> bool:
