@@ -235,21 +235,14 @@ class AcpAdapter:
             return ProbeResult("error", f"initialize timed out after {exc.timeout} s")
         except PeerClosed as exc:
             tail = cut_tail(exc.stderr_tail, _REASON_TAIL_BYTES)  # redacted, on a line boundary
-            if not tail.strip():  # nothing in the log to point to
-                logger.warning(
-                    "provider %s: probe: agent exited with code %s and wrote nothing to stderr",
-                    self.info.provider_id,
-                    exc.exit_code,
-                )
-                return ProbeResult(
-                    "error", f"the agent exited with code {exc.exit_code} during initialize, with nothing on stderr"
-                )
+            if tail.strip():
+                logged, where = f"; stderr:\n{tail}", " (see the bridge's log)"
+            else:  # nothing in the log to point to
+                logged, where = " and wrote nothing to stderr", ", with nothing on stderr"
             logger.warning(
-                "provider %s: probe: agent exited with code %s; stderr:\n%s", self.info.provider_id, exc.exit_code, tail
+                "provider %s: probe: agent exited with code %s%s", self.info.provider_id, exc.exit_code, logged
             )
-            return ProbeResult(
-                "error", f"the agent exited with code {exc.exit_code} during initialize (see the bridge's log)"
-            )
+            return ProbeResult("error", f"the agent exited with code {exc.exit_code} during initialize{where}")
         except PeerError as exc:
             logger.warning("provider %s: probe: %s", self.info.provider_id, redact(str(exc)))
             return ProbeResult("error", "the agent answered initialize with an error (see the bridge's log)")
