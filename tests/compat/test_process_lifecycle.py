@@ -354,9 +354,15 @@ async def test_the_event_loop_runs_while_a_start_waits_for_its_child(monkeypatch
     await started[0].terminate(0.5)
 
 
-async def test_starts_run_one_at_a_time_and_a_cancelled_waiter_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Starts queue for the start thread one at a time; a caller cancelled while it waits for its
-    turn starts no child (nothing to leak), and the one already starting finishes."""
+def _spawn_pass() -> Any:
+    return spawn([sys.executable, "-c", "pass"], cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
+
+
+@contextlib.asynccontextmanager
+async def held_first_start(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[int]]:
+    """A first start held in ``Popen`` (as by a file system that does not answer its ``exec``)
+    while the body runs; yields the list of ``Popen`` calls. Then the held start finishes, and
+    its child exits 0 and is ended."""
     import threading
 
     from compat.process import spawn as spawn_module
@@ -365,30 +371,38 @@ async def test_starts_run_one_at_a_time_and_a_cancelled_waiter_starts_nothing(mo
     calls: list[int] = []
     real_popen = spawn_module._popen
 
-    def counted_popen(*args: Any) -> Any:
+    def held_popen(*args: Any) -> Any:
         calls.append(1)
         entered.set()
         release.wait(5)
         return real_popen(*args)
 
-    monkeypatch.setattr(spawn_module, "_popen", counted_popen)
-    argv = [sys.executable, "-c", "pass"]
+    monkeypatch.setattr(spawn_module, "_popen", held_popen)
     first: list[AgentProcess] = []
 
     async def start_first() -> None:
-        first.append(await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024))
+        first.append(await _spawn_pass())
 
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(start_first)
-            await anyio.to_thread.run_sync(entered.wait, 5)  # the first start holds the thread
-            with anyio.move_on_after(0.2) as waiting:  # the second waits behind it, then is cancelled
-                await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
-            assert waiting.cancelled_caught
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(start_first)
+        await anyio.to_thread.run_sync(entered.wait, 5)  # the first start holds the start thread
+        try:
+            yield calls
+        finally:
             release.set()
-    assert calls == [1]  # the cancelled caller never reached Popen
     assert await first[0].wait(5) == 0
     await first[0].terminate(0.5)
+
+
+async def test_starts_run_one_at_a_time_and_a_cancelled_waiter_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starts queue for the start thread one at a time; a caller cancelled while it waits for its
+    turn starts no child (nothing to leak), and the one already starting finishes."""
+    with anyio.fail_after(10):
+        async with held_first_start(monkeypatch) as calls:
+            with anyio.move_on_after(0.2) as waiting:  # the second waits behind it, then is cancelled
+                await _spawn_pass()
+            assert waiting.cancelled_caught
+    assert calls == [1]  # the cancelled caller never reached Popen
 
 
 async def test_starts_behind_a_stuck_start_fail_with_a_reason_instead_of_waiting(
@@ -396,35 +410,14 @@ async def test_starts_behind_a_stuck_start_fail_with_a_reason_instead_of_waiting
 ) -> None:
     """A start held in ``exec`` (a hung network mount) cannot be cut off; the ones behind it give
     up after ``START_SLOT_WAIT`` with a SpawnError that says why, and the held one still ends."""
-    import threading
-
     from compat.process import spawn as spawn_module
 
-    release, entered = threading.Event(), threading.Event()
-    real_popen = spawn_module._popen
-
-    def held_popen(*args: Any) -> Any:
-        entered.set()
-        release.wait(10)
-        return real_popen(*args)
-
-    monkeypatch.setattr(spawn_module, "_popen", held_popen)
     monkeypatch.setattr(spawn_module, "START_SLOT_WAIT", 0.2)
-    argv = [sys.executable, "-c", "pass"]
-    first: list[AgentProcess] = []
-
-    async def start_first() -> None:
-        first.append(await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024))
-
     with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(start_first)
-            await anyio.to_thread.run_sync(entered.wait, 5)  # the first start is stuck in "exec"
+        async with held_first_start(monkeypatch) as calls:
             with pytest.raises(SpawnError, match=r"another agent's start has not finished for 0\.2 s"):
-                await spawn(argv, cwd=None, env=child_env(), max_line_bytes=1024, stderr_tail_bytes=1024)
-            release.set()
-    assert await first[0].wait(5) == 0
-    await first[0].terminate(0.5)
+                await _spawn_pass()
+    assert calls == [1]
 
 
 async def test_the_walk_at_kill_time_finds_the_escaped_and_the_grouped_grandchild() -> None:

@@ -29,8 +29,9 @@ pytestmark = pytest.mark.timeout(90)
 GRACE, CANCEL_GRACE = 1.0, 1.0
 
 
-def config(tmp_path: Path) -> Path:
-    args = [str(FAKE_AGENT), "--mode", "slow", "--mode", "grandchild"]
+def config(tmp_path: Path, *modes: str) -> Path:
+    """A config whose ``fake`` agent runs in ``modes`` (default: slow, with a grandchild)."""
+    args = [str(FAKE_AGENT), *(a for mode in modes or ("slow", "grandchild") for a in ("--mode", mode))]
     data = {
         "workspaceRoots": [str(tmp_path)],
         "providers": {"fake": {"command": sys.executable, "args": args}},
@@ -129,15 +130,7 @@ def test_acp_stdio_at_the_end_of_its_input_cancels_its_running_turn_and_records_
 def test_agents_that_ignore_sigterm_are_ended_together_so_the_bound_holds_for_many(tmp_path):
     """Each idle session's agent gets KILL_GRACE between SIGTERM and SIGKILL; one after another,
     8 such agents took 8 times that. Ended together, the bridge exits within the bound."""
-    args = [str(FAKE_AGENT), "--mode", "ignore-term"]
-    data = {
-        "workspaceRoots": [str(tmp_path)],
-        "providers": {"fake": {"command": sys.executable, "args": args}},
-        "timeouts": {"cancelGrace": CANCEL_GRACE, "shutdownGrace": GRACE},
-    }
-    cfg = tmp_path / "bridge.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    bridge = Bridge(tmp_path, cfg)
+    bridge = Bridge(tmp_path, config(tmp_path, "ignore-term"))
     try:
         for i in range(8):  # each session keeps its agent after its turn
             body = {"jsonrpc": "2.0", "id": i, "method": "session.start", "params": turn(f"s{i}", "hi", "fake")}
